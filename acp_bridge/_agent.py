@@ -1,0 +1,298 @@
+"""
+Agent processes: how an agent is started, stopped and watched.
+
+A *launcher* is an async function ``launcher(config, *, task_status)`` run with
+``nursery.start``: it starts the agent, reports an :class:`AgentTransport` through
+``task_status.started``, and returns the exit status when the agent ends. Cancelling it stops
+the agent (stdin EOF → SIGTERM → SIGKILL to its process group for a real process). The bridge
+uses :func:`launch_subprocess`; tests inject in-process fake agents with :func:`launch_in_process`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import structlog
+import trio
+import trio.testing
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from acp_bridge._config import AgentConfig
+
+logger = structlog.get_logger("acp_bridge.agent")
+
+
+@attrs.define
+class AgentTransport:
+    """The byte streams of a running agent."""
+
+    #: the agent's stdin
+    send: trio.abc.SendStream
+    #: the agent's stdout (protocol)
+    receive: trio.abc.ReceiveStream
+    #: the agent's stderr (diagnostics), when it has one
+    stderr: trio.abc.ReceiveStream | None = None
+    pid: int | None = None
+
+
+class Launcher(Protocol):
+    def __call__(
+        self, config: AgentConfig, *, task_status: trio.TaskStatus[AgentTransport]
+    ) -> Awaitable[int | None]: ...
+
+
+class StderrRing:
+    """
+    The most recent stderr lines of an agent, bounded in lines and bytes per line.
+
+    Used to explain a failed start or a crash; never holds more than
+    ``max_lines * max_line_bytes`` bytes.
+    """
+
+    __slots__ = ("_lines", "_max_line", "_partial")
+
+    def __init__(self, *, max_lines: int = 50, max_line_bytes: int = 2048) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._max_line = max_line_bytes
+        self._partial = bytearray()
+
+    def feed(self, data: bytes | bytearray) -> list[str]:
+        """Add stderr bytes; return the complete lines they finished (each cut to the cap)."""
+        done: list[str] = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                room = self._max_line - len(self._partial)
+                if room > 0:
+                    self._partial += data[start : start + room]
+                break
+            room = self._max_line - len(self._partial)
+            if room > 0:
+                self._partial += data[start : min(nl, start + room)]
+            done.append(self._finish())
+            start = nl + 1
+        return done
+
+    def flush(self) -> str | None:
+        return self._finish() if self._partial else None
+
+    def _finish(self) -> str:
+        line = self._partial.decode("utf-8", "replace").rstrip("\r")
+        self._partial.clear()
+        self._lines.append(line)
+        return line
+
+    def tail(self, n: int = 20) -> list[str]:
+        lines = list(self._lines)
+        return lines[-n:]
+
+
+def resolve_command(config: AgentConfig) -> list[str]:
+    """
+    The argv to run for an agent.
+
+    ``acp-bridge`` as a command means this very installation: when it is not on PATH (a venv
+    that is not activated), it runs as ``python -m acp_bridge`` with this interpreter.
+    """
+    argv = [config.command, *config.args]
+    if config.command == "acp-bridge" and shutil.which("acp-bridge") is None:
+        argv = [sys.executable, "-m", "acp_bridge", *config.args]
+    return argv
+
+
+class Reaper:
+    """
+    Client side of the reaper watchdog (see ``_reaper.py``): registers agent process groups.
+
+    Resource handling: run :meth:`run` in the bridge's nursery; when the bridge ends normally it
+    closes the pipe after every agent was stopped, and the watchdog exits with nothing to do.
+    """
+
+    def __init__(self) -> None:
+        self._stdin: trio.abc.SendStream | None = None
+        self._ready = trio.Event()
+        self._lock = trio.Lock()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "acp_bridge._reaper"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            logger.warning("reaper_unavailable", error=str(exc))
+            self._ready.set()
+            task_status.started()
+            return
+        self._stdin = proc.stdin
+        self._ready.set()
+        task_status.started()
+        try:
+            await proc.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                if proc.stdin is not None:
+                    await proc.stdin.aclose()
+                with trio.move_on_after(2):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+
+    async def _write(self, line: bytes) -> None:
+        await self._ready.wait()
+        if self._stdin is None:
+            return
+        async with self._lock:
+            try:
+                await self._stdin.send_all(line)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._stdin = None
+
+    async def register(self, pgid: int) -> None:
+        await self._write(b"+%d\n" % pgid)
+
+    async def unregister(self, pgid: int) -> None:
+        await self._write(b"-%d\n" % pgid)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def make_subprocess_launcher(
+    *, reaper: Reaper | None = None, stop_grace: float = 2.0, base_dir: str | None = None
+) -> Launcher:
+    """
+    A launcher that runs agents as real processes, each in its own process group.
+
+    Stopping (on cancel): close stdin, wait ``stop_grace``; SIGTERM the group, wait
+    ``stop_grace``; SIGKILL the group. Children the agent spawned go with it.
+    """
+
+    async def launch_subprocess(
+        config: AgentConfig, *, task_status: trio.TaskStatus[AgentTransport]
+    ) -> int | None:
+        argv = resolve_command(config)
+        env = dict(os.environ)
+        env.update(config.env)
+        cwd = config.cwd
+        if cwd is not None and base_dir is not None and not os.path.isabs(cwd):
+            cwd = os.path.join(base_dir, cwd)
+        try:
+            proc = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise AgentStartError(
+                f"cannot start agent {config.name!r}: {shlex.join(argv)}: {exc.strerror or exc}"
+            ) from None
+        pid = proc.pid
+        if reaper is not None:
+            await reaper.register(pid)
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        try:
+            task_status.started(
+                AgentTransport(send=proc.stdin, receive=proc.stdout, stderr=proc.stderr, pid=pid)
+            )
+            return await proc.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop_process(proc, stop_grace)
+                # Grandchildren may outlive the agent itself: clear the group either way.
+                _signal_group(pid, signal.SIGKILL)
+                if reaper is not None:
+                    await reaper.unregister(pid)
+
+    return launch_subprocess
+
+
+async def _stop_process(proc: trio.Process, grace: float) -> None:
+    if proc.returncode is None:
+        if proc.stdin is not None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await proc.stdin.aclose()
+        with trio.move_on_after(grace):
+            await proc.wait()
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        with trio.move_on_after(grace):
+            await proc.wait()
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGKILL)
+        await proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            await stream.aclose()
+
+
+class AgentStartError(Exception):
+    """An agent could not be started (spawn failed, or it did not complete initialize)."""
+
+    def __init__(self, message: str, *, data: Mapping[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.data = dict(data) if data else {}
+
+
+def make_in_process_launcher(
+    agents: Mapping[
+        str, Callable[[trio.abc.ReceiveStream, trio.abc.SendStream], Awaitable[object]]
+    ],
+    *,
+    on_start: Callable[[str], object] | None = None,
+) -> Launcher:
+    """
+    A launcher for tests: each agent is an async function speaking NDJSON over memory streams.
+
+    The function gets (its stdin, its stdout); returning ends the "process" with status 0, an
+    exception with status 1. Cancelling the launcher (stopping the agent) cancels it.
+    """
+
+    async def launch_in_process(
+        config: AgentConfig, *, task_status: trio.TaskStatus[AgentTransport]
+    ) -> int | None:
+        fn = agents[config.name]
+        if on_start is not None:
+            on_start(config.name)
+        to_agent_send, to_agent_recv = trio.testing.memory_stream_pair()
+        from_agent_send, from_agent_recv = trio.testing.memory_stream_pair()
+        status: int | None = 0
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                nonlocal status
+                try:
+                    await fn(to_agent_recv, from_agent_send)
+                except Exception:
+                    status = 1
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await from_agent_send.aclose()
+
+            nursery.start_soon(run)
+            task_status.started(AgentTransport(send=to_agent_send, receive=from_agent_recv))
+        return status
+
+    return launch_in_process

@@ -1,0 +1,1337 @@
+"""
+The bridge: one ACP agent toward its clients, one ACP client toward each agent process.
+
+Tasks (all in the nursery of :meth:`Bridge.run`):
+
+- per client link: a reader (the transport's, calling :meth:`Bridge.handle_client_line`) and
+  one writer draining the link's bounded queue;
+- per agent process: a reader, a stderr reader, one writer, and the launcher task that owns
+  the process.
+
+Backpressure:
+    Client → agent hand-offs never wait: each agent has a bounded queue, and a request that
+    finds it full is answered with an error at once (a stalled agent never blocks the client's
+    other sessions). Agent → client hand-offs wait for room on a *blocking* link (stdio: the one
+    client must read what it asked for; nothing is dropped) and disconnect a *non-blocking* link
+    whose queue is full (a slow WebSocket observer never stalls anyone else).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import enum
+import itertools
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import structlog
+import trio
+
+from acp_bridge import __version__
+from acp_bridge._agent import (
+    AgentStartError,
+    AgentTransport,
+    Launcher,
+    StderrRing,
+)
+from acp_bridge._framing import LineDecoder, Oversize
+from acp_bridge._jsonrpc import (
+    INTERNAL_ERROR,
+    JsonObject,
+    JsonRpcError,
+    JsonRpcId,
+    Kind,
+    classify,
+    dumps,
+    loads,
+    params_of,
+)
+from acp_bridge._jsonrpc import error as error_msg
+from acp_bridge._jsonrpc import notification as notification_msg
+from acp_bridge._jsonrpc import request as request_msg
+from acp_bridge._jsonrpc import result as result_msg
+from acp_bridge._routing import Forwarded, PendingTable, Session, SessionState, SessionTable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from acp_bridge._config import AgentConfig, Config
+
+logger = structlog.get_logger("acp_bridge.bridge")
+
+PROTOCOL_VERSION: Final = 1
+#: how long to wait for an exited agent's status before failing its requests without it
+EXIT_STATUS_WAIT: Final = 0.25
+#: updates held for a session id the bridge does not know yet (agent sent them before its
+#: session/new response); beyond this they are dropped
+EARLY_UPDATES_MAX: Final = 64
+#: bytes joined into one write by a writer task
+WRITE_BATCH_BYTES: Final = 64 * 1024
+READ_CHUNK: Final = 64 * 1024
+
+#: Methods an agent may call on the client, and the client capability each needs.
+_CLIENT_METHOD_GATES: Final[dict[str, Callable[[JsonObject], bool]]] = {
+    "fs/read_text_file": lambda c: bool((c.get("fs") or {}).get("readTextFile")),
+    "fs/write_text_file": lambda c: bool((c.get("fs") or {}).get("writeTextFile")),
+    "terminal/create": lambda c: bool(c.get("terminal")),
+    "terminal/output": lambda c: bool(c.get("terminal")),
+    "terminal/wait_for_exit": lambda c: bool(c.get("terminal")),
+    "terminal/kill": lambda c: bool(c.get("terminal")),
+    "terminal/release": lambda c: bool(c.get("terminal")),
+    "elicitation/create": lambda c: isinstance(c.get("elicitation"), dict),
+    "session/request_permission": lambda c: True,
+}
+
+#: Client → agent session-scoped methods, with the agent capability each needs (None: baseline).
+_SESSION_METHODS: Final[dict[str, Callable[[JsonObject], bool] | None]] = {
+    "session/prompt": None,
+    "session/set_mode": None,
+    "session/set_config_option": None,
+    "session/load": lambda caps: bool(caps.get("loadSession")),
+    "session/resume": lambda caps: _has_session_cap(caps, "resume"),
+    "session/close": lambda caps: _has_session_cap(caps, "close"),
+    "session/delete": lambda caps: _has_session_cap(caps, "delete"),
+    "session/fork": lambda caps: _has_session_cap(caps, "fork"),
+}
+
+
+def _has_session_cap(caps: JsonObject, name: str) -> bool:
+    session_caps = caps.get("sessionCapabilities")
+    return isinstance(session_caps, dict) and session_caps.get(name) is not None
+
+
+class AgentState(enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    #: exited or failed to start; a later session/new restarts it (with backoff)
+    DEAD = "dead"
+    STOPPING = "stopping"
+
+
+class _Waiter:
+    """A request the bridge itself sent to an agent; the reader hands it the response."""
+
+    __slots__ = ("_event", "response")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.response: JsonObject | None = None
+
+    def set(self, response: JsonObject) -> None:
+        self.response = response
+        self._event.set()
+
+    async def wait(self) -> JsonObject:
+        await self._event.wait()
+        assert self.response is not None
+        return self.response
+
+
+class _AgentGone(Exception):
+    pass
+
+
+class ClientLink:
+    """
+    One ACP client connection, whatever its transport.
+
+    The transport feeds lines in with :meth:`Bridge.handle_client_line` and runs
+    :meth:`pump` to write what the bridge queued for the client.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, *, name: str, queue_size: int, blocking: bool) -> None:
+        self.id = next(self._ids)
+        self.name = name
+        self.blocking = blocking
+        self._send, self._receive = trio.open_memory_channel[bytes](queue_size)
+        #: requests the bridge sent to this client (forwarded agent requests)
+        self.pending: PendingTable[Forwarded] = PendingTable()
+        #: this client's requests still out at an agent: client id → (agent, id on agent link)
+        self.inflight: dict[JsonRpcId, tuple[AgentLink, int]] = {}
+        self.capabilities: JsonObject = {}
+        self.initialized = False
+        self.closed = False
+        self.close_reason: str | None = None
+        self._idle: trio.Event | None = None
+        self.log = logger.bind(client=name)
+
+    def done(self, origin_id: JsonRpcId) -> None:
+        """A request of this client's was answered."""
+        self.inflight.pop(origin_id, None)
+        if self._idle is not None and not self.inflight:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until no request of this client's is out at an agent."""
+        while self.inflight:
+            self._idle = trio.Event()
+            await self._idle.wait()
+        self._idle = None
+
+    def finish(self) -> None:
+        """No more output will be queued: the pump ends once the queue is written."""
+        self._send.close()
+
+    async def send(self, data: bytes) -> None:
+        """Queue bytes for the client (see the module's backpressure notes)."""
+        if self.closed:
+            return
+        if self.blocking:
+            try:
+                await self._send.send(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closed = True
+            return
+        self.send_nowait(data)
+
+    def send_nowait(self, data: bytes) -> bool:
+        if self.closed:
+            return False
+        try:
+            self._send.send_nowait(data)
+        except trio.WouldBlock:
+            self.close("client is not reading: outbound queue full")
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
+            return False
+        return True
+
+    def close(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+            self.log.info("client_closed", reason=reason)
+            self._send.close()
+
+    async def pump(self, stream: trio.abc.SendStream) -> None:
+        """Write queued messages to ``stream`` until the link closes (batched writes)."""
+        await _pump(self._receive, stream)
+
+
+async def _pump(receive: trio.MemoryReceiveChannel[bytes], stream: trio.abc.SendStream) -> None:
+    async for data in receive:
+        if len(data) < WRITE_BATCH_BYTES:
+            batch = [data]
+            size = len(data)
+            while size < WRITE_BATCH_BYTES:
+                try:
+                    more = receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                batch.append(more)
+                size += len(more)
+            if len(batch) > 1:
+                data = b"".join(batch)
+        await stream.send_all(data)
+
+
+@attrs.define(eq=False)
+class AgentLink:
+    """One configured agent, across the lives (restarts) of its process."""
+
+    config: AgentConfig
+    queue_size: int
+    state: AgentState = AgentState.STOPPED
+    #: set when the current start attempt settled (ready or failed)
+    settled: trio.Event = attrs.field(factory=trio.Event)
+    start_error: JsonRpcError | None = None
+    pending: PendingTable[Forwarded | _Waiter] = attrs.field(factory=PendingTable)
+    #: requests this agent sent to a client still unanswered: agent's id → (client, client id)
+    inflight: dict[JsonRpcId, tuple[ClientLink, int]] = attrs.field(factory=dict)
+    capabilities: JsonObject = attrs.field(factory=dict)
+    auth_methods: list[Any] = attrs.field(factory=list)
+    agent_info: JsonObject | None = None
+    stderr: StderrRing = attrs.field(factory=StderrRing)
+    pid: int | None = None
+    exit_status: int | None = None
+    starts: int = 0
+    deaths: collections.deque[float] = attrs.field(factory=lambda: collections.deque(maxlen=64))
+    new_in_flight: int = 0
+    early_updates: list[tuple[str, bytes]] = attrs.field(factory=list)
+    _send: trio.MemorySendChannel[bytes] | None = None
+    exited: trio.Event = attrs.field(factory=trio.Event)
+    stop_scope: trio.CancelScope | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def send_nowait(self, data: bytes) -> bool:
+        """Queue bytes for the agent; False if it is not running or its queue is full."""
+        if self._send is None:
+            return False
+        try:
+            self._send.send_nowait(data)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    def failure_data(self) -> JsonObject:
+        data: JsonObject = {"agent": self.name, "stderrTail": self.stderr.tail()}
+        if self.exit_status is not None:
+            data["exitStatus"] = self.exit_status
+        return data
+
+    def describe(self) -> JsonObject:
+        info: JsonObject = {
+            "name": self.name,
+            "state": self.state.value,
+            "pid": self.pid,
+            "starts": self.starts,
+            "agentCapabilities": self.capabilities,
+            "authMethods": self.auth_methods,
+        }
+        if self.agent_info is not None:
+            info["agentInfo"] = self.agent_info
+        if self.start_error is not None:
+            info["error"] = self.start_error.to_error()
+        return info
+
+
+def _agent_selector(params: JsonObject) -> str | None:
+    meta = params.get("_meta")
+    if isinstance(meta, dict):
+        ours = meta.get("acp_bridge")
+        if isinstance(ours, dict):
+            agent = ours.get("agent")
+            if isinstance(agent, str):
+                return agent
+    return None
+
+
+def _encode_cursor(agent_index: int, cursor: str | None) -> str:
+    raw = dumps({"a": agent_index, "c": cursor}).rstrip(b"\n")
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def _decode_cursor(cursor: object) -> tuple[int, str | None]:
+    if not isinstance(cursor, str):
+        raise JsonRpcError.invalid_params("cursor must be a string")
+    try:
+        value = loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+    except (binascii.Error, ValueError, JsonRpcError):
+        raise JsonRpcError.invalid_params("unknown cursor") from None
+    if not isinstance(value, dict):
+        raise JsonRpcError.invalid_params("unknown cursor")
+    index, inner = value.get("a"), value.get("c")
+    if type(index) is not int or index < 0 or not (inner is None or isinstance(inner, str)):
+        raise JsonRpcError.invalid_params("unknown cursor")
+    return index, inner
+
+
+class Bridge:
+    """
+    The routing core with its trio plumbing. Construct, then ``await nursery.start(bridge.run)``.
+
+    Args:
+        config: the configuration (agents, limits).
+        launcher: how agents are started (a real subprocess launcher, or fakes in tests).
+    """
+
+    def __init__(self, config: Config, launcher: Launcher) -> None:
+        self.config = config
+        self._launcher = launcher
+        limits = config.bridge
+        self.agents: dict[str, AgentLink] = {
+            name: AgentLink(config=agent, queue_size=limits.agent_queue)
+            for name, agent in config.agents.items()
+        }
+        self.default_agent = config.default_agent.name
+        self.sessions = SessionTable()
+        self.clients: set[ClientLink] = set()
+        self._nursery: trio.Nursery | None = None
+        self._client_capabilities: JsonObject = {}
+        self.log = logger
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def run(self, *, task_status: trio.TaskStatus[Bridge] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; agents are stopped when it ends."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started(self)
+            await trio.sleep_forever()
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._nursery is not None, "Bridge.run() is not running"
+        self._nursery.start_soon(fn, *args)
+
+    def open_client(self, name: str, *, blocking: bool) -> ClientLink:
+        link = ClientLink(name=name, queue_size=self.config.bridge.client_queue, blocking=blocking)
+        self.clients.add(link)
+        return link
+
+    async def close_client(self, client: ClientLink, reason: str) -> None:
+        """The client is gone: its agent requests are answered for it, its sessions detach."""
+        client.close(reason)
+        self.clients.discard(client)
+        for _, entry in client.pending.drain():
+            agent = entry.origin
+            assert isinstance(agent, AgentLink)
+            agent.inflight.pop(entry.origin_id, None)
+            await self._answer_unattended(agent, entry.origin_id, entry.method, entry.context)
+        client.inflight.clear()
+        for session in self.sessions:
+            if session.client is client:
+                session.client = None
+                session.pending_permissions.clear()
+
+    # ------------------------------------------------------------------ client → bridge
+
+    async def handle_client_line(self, client: ClientLink, line: bytes | Oversize) -> None:
+        """Handle one line from a client: answer it, or route it to an agent."""
+        if isinstance(line, Oversize):
+            await self._reply_error(
+                client,
+                None,
+                JsonRpcError.invalid_request(f"message of {line.size} bytes is over the limit"),
+            )
+            return
+        try:
+            msg = loads(line)
+        except JsonRpcError as exc:
+            await self._reply_error(client, None, exc)
+            return
+        kind = classify(msg)
+        if kind is Kind.REQUEST:
+            try:
+                await self._client_request(client, msg)
+            except JsonRpcError as exc:
+                await self._reply_error(client, msg["id"], exc)
+        elif kind is Kind.NOTIFICATION:
+            await self._client_notification(client, msg)
+        elif kind is Kind.RESPONSE:
+            await self._client_response(client, msg)
+        elif isinstance(msg, list):
+            await self._reply_error(
+                client, None, JsonRpcError.invalid_request("batches are not supported")
+            )
+        else:
+            await self._reply_error(client, _id_of(msg), JsonRpcError.invalid_request())
+
+    async def _reply_error(self, client: ClientLink, id_: JsonRpcId, exc: JsonRpcError) -> None:
+        await client.send(dumps(error_msg(id_, exc)))
+
+    async def _client_request(self, client: ClientLink, msg: JsonObject) -> None:
+        method: str = msg["method"]
+        if method == "initialize":
+            await self._initialize(client, msg)
+            return
+        if not client.initialized:
+            raise JsonRpcError.invalid_request("the first request must be initialize")
+        params = params_of(msg)
+        if method in _SESSION_METHODS:
+            await self._session_request(client, msg, params)
+        elif method == "session/new":
+            await self._session_new(client, msg, params)
+        elif method == "session/list":
+            self._spawn(self._session_list, client, msg, params)
+        elif method in ("authenticate", "logout"):
+            await self._auth_request(client, msg, params)
+        elif method == "_acp_bridge/agents":
+            await client.send(
+                dumps(
+                    result_msg(
+                        msg["id"],
+                        {
+                            "default": self.default_agent,
+                            "agents": [a.describe() for a in self.agents.values()],
+                        },
+                    )
+                )
+            )
+        elif method.startswith("_") and isinstance(params.get("sessionId"), str):
+            await self._session_request(client, msg, params)
+        else:
+            raise JsonRpcError.method_not_found(method)
+
+    async def _initialize(self, client: ClientLink, msg: JsonObject) -> None:
+        params = params_of(msg)
+        caps = params.get("clientCapabilities")
+        client.capabilities = caps if isinstance(caps, dict) else {}
+        self._client_capabilities = client.capabilities
+        default = self.agents[self.default_agent]
+        try:
+            await self.ensure_ready(default)
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
+            return
+        client.initialized = True
+        requested = params.get("protocolVersion")
+        version = PROTOCOL_VERSION
+        if type(requested) is int and 0 <= requested < PROTOCOL_VERSION:
+            version = requested
+        caps_out = self._advertised_capabilities(default)
+        answer: JsonObject = {
+            "protocolVersion": version,
+            "agentCapabilities": caps_out,
+            "authMethods": default.auth_methods,
+            "agentInfo": {"name": "acp-bridge", "title": "acp-bridge", "version": __version__},
+            "_meta": {
+                "acp_bridge": {
+                    "defaultAgent": self.default_agent,
+                    "agents": list(self.agents),
+                }
+            },
+        }
+        await client.send(dumps(result_msg(msg["id"], answer)))
+
+    def _advertised_capabilities(self, default: AgentLink) -> JsonObject:
+        """
+        What the bridge advertises: the default agent's capabilities, as it is up now.
+
+        Sessions on other agents are gated per call against their own agent's capabilities
+        (-32601 when it lacks one); ``_acp_bridge/agents`` lists each agent's.
+        """
+        caps = dict(default.capabilities)
+        if any(_has_session_cap(a.capabilities, "list") for a in self.agents.values()):
+            session_caps = dict(caps.get("sessionCapabilities") or {})
+            session_caps["list"] = {}
+            caps["sessionCapabilities"] = session_caps
+        return caps
+
+    async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
+        name = _agent_selector(params) or self.default_agent
+        agent = self.agents.get(name)
+        if agent is None:
+            raise JsonRpcError.invalid_params(
+                f"unknown agent {name!r}; configured: {', '.join(self.agents)}"
+            )
+        if agent.state is AgentState.READY:
+            await self._forward_session_new(client, msg, params, agent)
+        else:
+            self._spawn(self._session_new_when_ready, client, msg, params, agent)
+
+    async def _session_new_when_ready(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
+    ) -> None:
+        try:
+            await self.ensure_ready(agent)
+            await self._forward_session_new(client, msg, params, agent)
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
+
+    async def _forward_session_new(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
+    ) -> None:
+        self._strip_unsupported_setup(agent, params)
+        agent.new_in_flight += 1
+        await self._forward(client, msg, agent, None)
+
+    def _strip_unsupported_setup(self, agent: AgentLink, params: JsonObject) -> None:
+        """Drop what the agent did not advertise it can take (additionalDirectories, MCP kinds)."""
+        caps = agent.capabilities
+        if "additionalDirectories" in params and not _has_session_cap(
+            caps, "additionalDirectories"
+        ):
+            del params["additionalDirectories"]
+            self.log.warning("stripped_additional_directories", agent=agent.name)
+        servers = params.get("mcpServers")
+        if isinstance(servers, list):
+            mcp = caps.get("mcpCapabilities")
+            mcp = mcp if isinstance(mcp, dict) else {}
+            kept = [
+                s
+                for s in servers
+                if not isinstance(s, dict)
+                or s.get("type") not in ("http", "sse", "acp")
+                or mcp.get(s["type"])
+            ]
+            if len(kept) != len(servers):
+                params["mcpServers"] = kept
+                self.log.warning(
+                    "stripped_mcp_servers", agent=agent.name, dropped=len(servers) - len(kept)
+                )
+
+    async def _session_request(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject
+    ) -> None:
+        method: str = msg["method"]
+        sid = params.get("sessionId")
+        if not isinstance(sid, str):
+            raise JsonRpcError.invalid_params("sessionId must be a string")
+        session = self.sessions.get(sid)
+        if session is None:
+            if method != "session/load":
+                raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
+            await self._load_unknown(client, msg, params, sid)
+            return
+        agent = self.agents[session.agent]
+        if agent.state is not AgentState.READY:
+            if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
+                self._spawn(self._session_request_when_ready, client, msg, params, session)
+                return
+            raise JsonRpcError(
+                INTERNAL_ERROR,
+                f"session {sid!r} ended: agent {agent.name!r} is {agent.state.value}",
+                agent.failure_data(),
+            )
+        await self._forward_session_request(client, msg, params, session, agent)
+
+    async def _session_request_when_ready(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        agent = self.agents[session.agent]
+        try:
+            await self.ensure_ready(agent)
+            await self._forward_session_request(client, msg, params, session, agent)
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
+
+    async def _forward_session_request(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        agent: AgentLink,
+    ) -> None:
+        method: str = msg["method"]
+        gate = _SESSION_METHODS.get(method)
+        if gate is not None and not gate(agent.capabilities):
+            raise JsonRpcError.method_not_found(
+                method, f"agent {agent.name!r} does not support {method}"
+            )
+        if method == "session/prompt":
+            _check_prompt_content(agent, params)
+        elif method in ("session/load", "session/resume", "session/fork"):
+            self._strip_unsupported_setup(agent, params)
+            if method == "session/load":
+                # Replayed updates arrive before the response: route them already.
+                previous = (session.state, session.client)
+                session.state = SessionState.LOADING
+                session.client = client
+                await self._forward(client, msg, agent, session, previous)
+                return
+        if session.client is None:
+            session.client = client
+        if session.rewrite:
+            params["sessionId"] = session.agent_id
+        await self._forward(client, msg, agent, session)
+
+    async def _load_unknown(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
+    ) -> None:
+        """``session/load`` of an id the bridge never saw: ask the selected (or default) agent."""
+        name = _agent_selector(params) or self.default_agent
+        agent = self.agents.get(name)
+        if agent is None:
+            raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
+        if self.sessions.get(sid) is not None:
+            raise JsonRpcError.invalid_params(f"session id {sid!r} is taken")
+        session = self.sessions.bind(name, sid, sid)
+        session.state = SessionState.LOADING
+        if agent.state is AgentState.READY:
+            await self._forward_session_request(client, msg, params, session, agent)
+        else:
+            self._spawn(self._session_request_when_ready, client, msg, params, session)
+
+    async def _forward(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        agent: AgentLink,
+        session: Session | None,
+        context: Any = None,
+    ) -> None:
+        """Send a client request on to an agent under a bridge id; the response comes back."""
+        origin_id = msg["id"]
+        entry = Forwarded(client, origin_id, msg["method"], session, context)
+        bridge_id = agent.pending.add(entry)
+        msg["id"] = bridge_id
+        if not agent.send_nowait(dumps(msg)):
+            agent.pending.pop(bridge_id)
+            self._undo_forward(agent, entry, ok=False)
+            raise JsonRpcError(
+                INTERNAL_ERROR,
+                f"agent {agent.name!r} is not accepting input (queue full or not running)",
+                agent.failure_data(),
+            )
+        client.inflight[origin_id] = (agent, bridge_id)
+
+    async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
+        name = _agent_selector(params)
+        if name is None and msg["method"] == "authenticate":
+            method_id = params.get("methodId")
+            for candidate in (self.agents[self.default_agent], *self.agents.values()):
+                if candidate.state is AgentState.READY and any(
+                    isinstance(m, dict) and m.get("id") == method_id for m in candidate.auth_methods
+                ):
+                    name = candidate.name
+                    break
+        agent = self.agents.get(name or self.default_agent)
+        if agent is None:
+            raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
+        if msg["method"] == "logout":
+            auth = agent.capabilities.get("auth")
+            if not (isinstance(auth, dict) and auth.get("logout") is not None):
+                raise JsonRpcError.method_not_found("logout", f"agent {agent.name!r} has no logout")
+        if agent.state is not AgentState.READY:
+            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is {agent.state.value}")
+        await self._forward(client, msg, agent, None)
+
+    async def _session_list(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
+        """``session/list`` merged across agents: one agent's pages after another's."""
+        try:
+            listing = [a for a in self.agents.values() if _has_session_cap(a.capabilities, "list")]
+            index, inner = (0, None)
+            if params.get("cursor") is not None:
+                index, inner = _decode_cursor(params["cursor"])
+            sessions: list[Any] = []
+            next_cursor: str | None = None
+            while index < len(listing):
+                agent = listing[index]
+                query: JsonObject = {}
+                if "cwd" in params:
+                    query["cwd"] = params["cwd"]
+                if inner is not None:
+                    query["cursor"] = inner
+                page = await self._internal_request(agent, "session/list", query)
+                for info in page.get("sessions") or []:
+                    if isinstance(info, dict) and isinstance(info.get("sessionId"), str):
+                        session = self.sessions.register(
+                            agent.name, info["sessionId"], state=SessionState.LISTED
+                        )
+                        info["sessionId"] = session.bridge_id
+                        sessions.append(info)
+                inner = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
+                if inner is None:
+                    index += 1
+                if inner is not None or (sessions and index < len(listing)):
+                    next_cursor = _encode_cursor(index, inner)
+                    break
+            answer: JsonObject = {"sessions": sessions}
+            if next_cursor is not None:
+                answer["nextCursor"] = next_cursor
+            await client.send(dumps(result_msg(msg["id"], answer)))
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
+
+    async def _internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
+        """A request of the bridge's own to an agent; returns its result or raises."""
+        waiter = _Waiter()
+        bridge_id = agent.pending.add(waiter)
+        if not agent.send_nowait(dumps(request_msg(bridge_id, method, params))):
+            agent.pending.pop(bridge_id)
+            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is not accepting input")
+        response = await waiter.wait()
+        if "error" in response:
+            err = response["error"]
+            if isinstance(err, dict) and type(err.get("code")) is int:
+                raise JsonRpcError(err["code"], str(err.get("message", "")), err.get("data"))
+            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} answered an invalid error")
+        return response.get("result")
+
+    async def _client_notification(self, client: ClientLink, msg: JsonObject) -> None:
+        method: str = msg["method"]
+        params = params_of(msg)
+        if method == "session/cancel":
+            await self._cancel_session(client, msg, params)
+        elif method == "$/cancel_request":
+            request_id = params.get("requestId")
+            target = client.inflight.get(request_id)
+            if target is not None:
+                agent, bridge_id = target
+                agent.send_nowait(
+                    dumps(notification_msg("$/cancel_request", {"requestId": bridge_id}))
+                )
+        elif method.startswith("_") and isinstance(params.get("sessionId"), str):
+            session = self.sessions.get(params["sessionId"])
+            if session is not None:
+                if session.rewrite:
+                    params["sessionId"] = session.agent_id
+                self.agents[session.agent].send_nowait(dumps(msg))
+        # Any other notification is ignored, as the spec asks.
+
+    async def _cancel_session(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject
+    ) -> None:
+        sid = params.get("sessionId")
+        session = self.sessions.get(sid) if isinstance(sid, str) else None
+        if session is None:
+            return
+        agent = self.agents[session.agent]
+        if session.rewrite:
+            params["sessionId"] = session.agent_id
+        if not agent.send_nowait(dumps(msg)):
+            self.log.warning("cancel_not_delivered", agent=agent.name, session=session.bridge_id)
+        await self._settle_permissions(session, "cancelled", "session/cancel")
+
+    async def _settle_permissions(self, session: Session, outcome: str, reason: str) -> None:
+        """Answer every pending permission request of a session with ``outcome`` at once."""
+        client = session.client
+        for client_id in sorted(session.pending_permissions):
+            if client is None:
+                break
+            entry = client.pending.pop(client_id)
+            if entry is None:
+                continue
+            agent = entry.origin
+            assert isinstance(agent, AgentLink)
+            agent.inflight.pop(entry.origin_id, None)
+            agent.send_nowait(dumps(result_msg(entry.origin_id, {"outcome": {"outcome": outcome}})))
+            await client.send(
+                dumps(
+                    notification_msg(
+                        "_acp_bridge/permission_resolved",
+                        {
+                            "sessionId": session.bridge_id,
+                            "requestId": client_id,
+                            "outcome": {"outcome": outcome},
+                            "reason": reason,
+                        },
+                    )
+                )
+            )
+        session.pending_permissions.clear()
+
+    async def _client_response(self, client: ClientLink, msg: JsonObject) -> None:
+        entry = client.pending.pop(msg["id"])
+        if entry is None:
+            # Late (already settled by the bridge) or unknown: nothing is waiting on it.
+            self.log.debug("client_response_unmatched", id=msg["id"])
+            return
+        agent = entry.origin
+        assert isinstance(agent, AgentLink)
+        agent.inflight.pop(entry.origin_id, None)
+        if entry.session is not None:
+            entry.session.pending_permissions.discard(msg["id"])
+        msg["id"] = entry.origin_id
+        if not agent.send_nowait(dumps(msg)):
+            self.log.warning("response_not_delivered", agent=agent.name, method=entry.method)
+
+    # ------------------------------------------------------------------ agents
+
+    async def ensure_ready(self, agent: AgentLink) -> None:
+        """
+        Start the agent if needed and wait until it completed ``initialize``.
+
+        Raises:
+            JsonRpcError: it could not be started (with exit status and stderr tail), or it is
+                in a crash loop.
+        """
+        while True:
+            if agent.state is AgentState.READY:
+                return
+            if agent.state is AgentState.STARTING:
+                await agent.settled.wait()
+                if agent.start_error is not None and not self._is_ready(agent):
+                    raise agent.start_error
+                continue
+            delay = self._restart_delay(agent)
+            agent.state = AgentState.STARTING
+            agent.settled = trio.Event()
+            agent.start_error = None
+            self._spawn(self._agent_life, agent, delay)
+
+    @staticmethod
+    def _is_ready(agent: AgentLink) -> bool:
+        # A function call, so the type checker does not narrow the state across the await.
+        return agent.state is AgentState.READY
+
+    def _restart_delay(self, agent: AgentLink) -> float:
+        limits = self.config.bridge
+        now = trio.current_time()
+        recent = [t for t in agent.deaths if now - t < limits.crash_loop_window]
+        if len(recent) >= limits.crash_loop_limit:
+            err = JsonRpcError(
+                INTERNAL_ERROR,
+                f"agent {agent.name!r} crashed {len(recent)} times in "
+                f"{limits.crash_loop_window:g}s; not restarting it until that calms down",
+                agent.failure_data(),
+            )
+            agent.start_error = err
+            raise err
+        if not recent:
+            return 0.0
+        return float(
+            min(limits.restart_backoff_initial * 2 ** (len(recent) - 1), limits.restart_backoff_max)
+        )
+
+    async def _agent_life(self, agent: AgentLink, delay: float) -> None:
+        """One life of an agent process: start, initialize, relay until it exits."""
+        if delay:
+            await trio.sleep(delay)
+        agent.starts += 1
+        agent.exit_status = None
+        agent.exited = trio.Event()
+        agent.stderr = StderrRing()
+        log = self.log.bind(agent=agent.name)
+        eof = trio.Event()
+        async with trio.open_nursery() as nursery:
+            agent.stop_scope = nursery.cancel_scope
+            try:
+                transport: AgentTransport = await nursery.start(self._run_launcher, agent)
+            except AgentStartError as exc:
+                self._start_failed(agent, JsonRpcError(INTERNAL_ERROR, str(exc), exc.data))
+                return
+            agent.pid = transport.pid
+            send, receive = trio.open_memory_channel[bytes](agent.queue_size)
+            agent._send = send
+            nursery.start_soon(self._agent_writer, agent, receive, transport.send)
+            if transport.stderr is not None:
+                nursery.start_soon(self._agent_stderr, agent, transport.stderr)
+            nursery.start_soon(self._agent_reader, agent, transport.receive, eof)
+            log.info("agent_spawned", pid=transport.pid)
+            try:
+                await self._handshake(agent, eof)
+            except JsonRpcError as exc:
+                self._start_failed(agent, exc)
+                nursery.cancel_scope.cancel()
+                await self._agent_gone(agent, reason="failed to initialize")
+                return
+            agent.state = AgentState.READY
+            agent.settled.set()
+            log.info("agent_ready", pid=transport.pid)
+            await eof.wait()
+            with trio.move_on_after(EXIT_STATUS_WAIT):
+                await agent.exited.wait()
+            log.warning("agent_exited", status=agent.exit_status)
+            await self._agent_gone(agent, reason="exited")
+            nursery.cancel_scope.cancel()
+
+    async def _run_launcher(
+        self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]
+    ) -> None:
+        try:
+            agent.exit_status = await self._launcher(agent.config, task_status=task_status)
+        finally:
+            agent.exited.set()
+
+    async def _handshake(self, agent: AgentLink, eof: trio.Event) -> None:
+        params: JsonObject = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "clientCapabilities": self._client_capabilities,
+            "clientInfo": {"name": "acp-bridge", "version": __version__},
+        }
+        result: Any = None
+        async with trio.open_nursery() as nursery:
+
+            async def watch_eof() -> None:
+                await eof.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_eof)
+            with trio.move_on_after(agent.config.start_timeout) as timeout:
+                result = await self._internal_request(agent, "initialize", params)
+            nursery.cancel_scope.cancel()
+        if eof.is_set() and result is None:
+            with trio.move_on_after(EXIT_STATUS_WAIT):
+                await agent.exited.wait()
+            raise JsonRpcError(
+                INTERNAL_ERROR,
+                f"agent {agent.name!r} exited during initialize"
+                + (f" (status {agent.exit_status})" if agent.exit_status is not None else ""),
+                agent.failure_data(),
+            )
+        if timeout.cancelled_caught:
+            raise JsonRpcError(
+                INTERNAL_ERROR,
+                f"agent {agent.name!r} did not answer initialize within "
+                f"{agent.config.start_timeout:g}s",
+                agent.failure_data(),
+            )
+        if not isinstance(result, dict):
+            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} answered initialize oddly")
+        if result.get("protocolVersion") != PROTOCOL_VERSION:
+            raise JsonRpcError(
+                INTERNAL_ERROR,
+                f"agent {agent.name!r} speaks protocol version "
+                f"{result.get('protocolVersion')!r}; the bridge speaks {PROTOCOL_VERSION}",
+                agent.failure_data(),
+            )
+        caps = result.get("agentCapabilities")
+        agent.capabilities = caps if isinstance(caps, dict) else {}
+        methods = result.get("authMethods")
+        agent.auth_methods = methods if isinstance(methods, list) else []
+        info = result.get("agentInfo")
+        agent.agent_info = info if isinstance(info, dict) else None
+
+    def _start_failed(self, agent: AgentLink, exc: JsonRpcError) -> None:
+        agent.state = AgentState.DEAD
+        agent.start_error = exc
+        agent.deaths.append(trio.current_time())
+        agent.settled.set()
+        self.log.error("agent_start_failed", agent=agent.name, error=exc.message)
+
+    async def _agent_gone(self, agent: AgentLink, *, reason: str) -> None:
+        """Every request waiting on the agent is answered; its sessions end."""
+        if agent.state is not AgentState.STOPPING:
+            if agent.state is AgentState.READY:
+                agent.deaths.append(trio.current_time())
+            agent.state = AgentState.DEAD
+        agent._send = None
+        status = f" (status {agent.exit_status})" if agent.exit_status is not None else ""
+        err = JsonRpcError(
+            INTERNAL_ERROR, f"agent {agent.name!r} {reason}{status}", agent.failure_data()
+        )
+        for _, entry in agent.pending.drain():
+            if isinstance(entry, _Waiter):
+                entry.set(error_msg(None, err))
+                continue
+            client = entry.origin
+            assert isinstance(client, ClientLink)
+            client.done(entry.origin_id)
+            self._undo_forward(agent, entry, ok=False)
+            await client.send(dumps(error_msg(entry.origin_id, err)))
+        for agent_id, (client, client_id) in list(agent.inflight.items()):
+            del agent.inflight[agent_id]
+            shown = client.pending.pop(client_id)
+            if shown is not None and shown.session is not None:
+                shown.session.pending_permissions.discard(client_id)
+            await client.send(dumps(notification_msg("$/cancel_request", {"requestId": client_id})))
+        for session in self.sessions.of_agent(agent.name):
+            session.state = SessionState.ENDED
+            session.pending_permissions.clear()
+        agent.new_in_flight = 0
+        agent.early_updates.clear()
+
+    async def _agent_writer(
+        self,
+        agent: AgentLink,
+        receive: trio.MemoryReceiveChannel[bytes],
+        stream: trio.abc.SendStream,
+    ) -> None:
+        try:
+            await _pump(receive, stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The agent closed its stdin (or died); its reader sees EOF and reports it.
+            self.log.debug("agent_stdin_closed", agent=agent.name)
+
+    async def _agent_stderr(self, agent: AgentLink, stream: trio.abc.ReceiveStream) -> None:
+        log = self.log.bind(agent=agent.name, stream="stderr")
+        try:
+            while data := await stream.receive_some(READ_CHUNK):
+                for line in agent.stderr.feed(data):
+                    log.info("agent_stderr", line=line)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        tail = agent.stderr.flush()
+        if tail is not None:
+            log.info("agent_stderr", line=tail)
+
+    async def _agent_reader(
+        self, agent: AgentLink, stream: trio.abc.ReceiveStream, eof: trio.Event
+    ) -> None:
+        decoder = LineDecoder(max_line_bytes=self.config.bridge.max_line_bytes)
+        handle = self._agent_line
+        try:
+            while data := await stream.receive_some(READ_CHUNK):
+                for line in decoder.feed(data):
+                    await handle(agent, line)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            eof.set()
+        rest = decoder.feed_eof()
+        if rest is not None:
+            self.log.warning("agent_partial_line_at_exit", agent=agent.name)
+
+    async def _agent_line(self, agent: AgentLink, line: bytes | Oversize) -> None:
+        if isinstance(line, Oversize):
+            self.log.warning("agent_line_oversize", agent=agent.name, size=line.size)
+            return
+        try:
+            msg = loads(line)
+        except JsonRpcError:
+            self.log.warning(
+                "agent_stdout_not_json",
+                agent=agent.name,
+                line=line[:200].decode("utf-8", "replace"),
+            )
+            return
+        kind = classify(msg)
+        if kind is Kind.NOTIFICATION:
+            if msg["method"] == "session/update":
+                await self._agent_update(agent, msg, line)
+            else:
+                await self._agent_notification(agent, msg)
+        elif kind is Kind.RESPONSE:
+            await self._agent_response(agent, msg)
+        elif kind is Kind.REQUEST:
+            await self._agent_request(agent, msg)
+        else:
+            self.log.warning("agent_invalid_message", agent=agent.name)
+            req_id = _id_of(msg)
+            if req_id is not None:
+                agent.send_nowait(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
+
+    async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
+        """The hot path: relay a session/update, unchanged when its id needs no rewrite."""
+        params = msg.get("params")
+        sid = params.get("sessionId") if type(params) is dict else None
+        session = self.sessions.find(agent.name, sid) if type(sid) is str else None
+        if session is None:
+            held = len(agent.early_updates)
+            if agent.new_in_flight and type(sid) is str and held < EARLY_UPDATES_MAX:
+                agent.early_updates.append((sid, line))
+                return
+            self.log.warning("update_for_unknown_session", agent=agent.name, session=sid)
+            return
+        client = session.client
+        if client is None:
+            return
+        if session.rewrite:
+            assert type(params) is dict
+            params["sessionId"] = session.bridge_id
+            await client.send(dumps(msg))
+        else:
+            await client.send(line + b"\n")
+
+    async def _agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
+        method: str = msg["method"]
+        params = params_of(msg)
+        if method == "$/cancel_request":
+            target = agent.inflight.get(params.get("requestId"))
+            if target is not None:
+                client, client_id = target
+                entry = client.pending.get(client_id)
+                if entry is not None and entry.session is not None:
+                    # The agent withdrew a permission request: the client's answer is moot.
+                    pass
+                await client.send(
+                    dumps(notification_msg("$/cancel_request", {"requestId": client_id}))
+                )
+            return
+        sid = params.get("sessionId")
+        if isinstance(sid, str):
+            session = self.sessions.find(agent.name, sid)
+            if session is not None and session.client is not None:
+                if session.rewrite:
+                    params["sessionId"] = session.bridge_id
+                await session.client.send(dumps(msg))
+                return
+        if method == "elicitation/complete":
+            # URL elicitations are bound to the client that received them; with one client
+            # per session, the clients this agent is talking to.
+            for client in self.clients:
+                await client.send(dumps(msg))
+            return
+        self.log.debug("agent_notification_ignored", agent=agent.name, method=method)
+
+    async def _agent_request(self, agent: AgentLink, msg: JsonObject) -> None:
+        method: str = msg["method"]
+        params = params_of(msg)
+        agent_id = msg["id"]
+        sid = params.get("sessionId")
+        session = self.sessions.find(agent.name, sid) if isinstance(sid, str) else None
+        gate = _CLIENT_METHOD_GATES.get(method)
+        if gate is None and not method.startswith("_"):
+            agent.send_nowait(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method))))
+            return
+        if session is None:
+            err = (
+                JsonRpcError.resource_not_found(f"unknown session {sid!r}")
+                if sid is not None
+                else JsonRpcError.method_not_found(method, "no session to route it by")
+            )
+            agent.send_nowait(dumps(error_msg(agent_id, err)))
+            return
+        client = session.client
+        if client is None or client.closed:
+            await self._answer_unattended(agent, agent_id, method, params)
+            return
+        if gate is not None and not gate(client.capabilities):
+            agent.send_nowait(
+                dumps(
+                    error_msg(
+                        agent_id,
+                        JsonRpcError.method_not_found(
+                            method, "the client did not advertise this capability"
+                        ),
+                    )
+                )
+            )
+            return
+        entry = Forwarded(agent, agent_id, method, session, params)
+        client_id = client.pending.add(entry)
+        agent.inflight[agent_id] = (client, client_id)
+        if method == "session/request_permission":
+            session.pending_permissions.add(client_id)
+        msg["id"] = client_id
+        if session.rewrite:
+            params["sessionId"] = session.bridge_id
+        await client.send(dumps(msg))
+
+    async def _answer_unattended(
+        self, agent: AgentLink, agent_id: JsonRpcId, method: str, params: Any
+    ) -> None:
+        """Nobody can answer: permission → deny (a reject option, else cancelled); else error."""
+        if method == "session/request_permission":
+            outcome: JsonObject = {"outcome": "cancelled"}
+            options = params.get("options") if isinstance(params, dict) else None
+            for option in options if isinstance(options, list) else []:
+                if isinstance(option, dict) and option.get("kind") == "reject_once":
+                    outcome = {"outcome": "selected", "optionId": option.get("optionId")}
+                    break
+            self.log.info("permission_auto_denied", agent=agent.name, outcome=outcome)
+            agent.send_nowait(dumps(result_msg(agent_id, {"outcome": outcome})))
+        else:
+            agent.send_nowait(
+                dumps(
+                    error_msg(
+                        agent_id,
+                        JsonRpcError(INTERNAL_ERROR, "no client is attached to this session"),
+                    )
+                )
+            )
+
+    async def _agent_response(self, agent: AgentLink, msg: JsonObject) -> None:
+        entry = agent.pending.pop(msg["id"])
+        if entry is None:
+            self.log.warning("agent_response_unmatched", agent=agent.name, id=msg["id"])
+            return
+        if isinstance(entry, _Waiter):
+            entry.set(msg)
+            return
+        client = entry.origin
+        assert isinstance(client, ClientLink)
+        client.done(entry.origin_id)
+        ok = "result" in msg
+        early = self._undo_forward(agent, entry, ok=ok, result=msg.get("result"))
+        msg["id"] = entry.origin_id
+        for line in early:
+            await client.send(line)
+        await client.send(dumps(msg))
+
+    def _undo_forward(
+        self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
+    ) -> list[bytes]:
+        """
+        Bookkeeping when a forwarded request ends: bind, rebind or forget sessions.
+
+        Returns updates held back for a new session (to be sent before the response).
+        """
+        method = entry.method
+        session = entry.session
+        early: list[bytes] = []
+        client = entry.origin
+        if method in ("session/new", "session/fork"):
+            if method == "session/new":
+                agent.new_in_flight = max(0, agent.new_in_flight - 1)
+            if ok and isinstance(result, dict) and isinstance(result.get("sessionId"), str):
+                new = self.sessions.register(agent.name, result["sessionId"], client=client)
+                new.client = client
+                new.state = SessionState.ACTIVE
+                if new.rewrite:
+                    result["sessionId"] = new.bridge_id
+                early = self._take_early_updates(agent, new)
+        elif method == "session/load" and session is not None:
+            if ok:
+                session.state = SessionState.ACTIVE
+                session.client = client
+            elif isinstance(entry.context, tuple):
+                session.state, session.client = entry.context
+            else:
+                self.sessions.remove(session)
+        elif method == "session/resume" and session is not None and ok:
+            session.state = SessionState.ACTIVE
+            session.client = client
+        elif method in ("session/close", "session/delete") and session is not None and ok:
+            self.sessions.remove(session)
+        return early
+
+    def _take_early_updates(self, agent: AgentLink, session: Session) -> list[bytes]:
+        if not agent.early_updates:
+            return []
+        mine = [line for sid, line in agent.early_updates if sid == session.agent_id]
+        agent.early_updates = [(s, ln) for s, ln in agent.early_updates if s != session.agent_id]
+        if not agent.new_in_flight:
+            agent.early_updates.clear()
+        out = []
+        for line in mine:
+            if session.rewrite:
+                msg = loads(line)
+                msg["params"]["sessionId"] = session.bridge_id
+                out.append(dumps(msg))
+            else:
+                out.append(line + b"\n")
+        return out
+
+    async def stop_agents(self) -> None:
+        """Stop every agent (stdin EOF → SIGTERM → SIGKILL) and wait for them."""
+        for agent in self.agents.values():
+            if agent.stop_scope is not None and agent.state is not AgentState.STOPPED:
+                agent.state = AgentState.STOPPING
+                agent.stop_scope.cancel()
+
+
+def _id_of(msg: Any) -> JsonRpcId:
+    if isinstance(msg, dict):
+        value = msg.get("id")
+        if type(value) in (int, str):
+            return value
+    return None
+
+
+def _check_prompt_content(agent: AgentLink, params: JsonObject) -> None:
+    """Refuse content kinds the agent did not advertise (text and resource links always pass)."""
+    prompt = params.get("prompt")
+    if not isinstance(prompt, list):
+        return
+    caps = agent.capabilities.get("promptCapabilities")
+    caps = caps if isinstance(caps, dict) else {}
+    needs = {"image": "image", "audio": "audio", "resource": "embeddedContext"}
+    for block in prompt:
+        if isinstance(block, dict):
+            need = needs.get(block.get("type"))  # type: ignore[arg-type]
+            if need is not None and not caps.get(need):
+                raise JsonRpcError.invalid_params(
+                    f"agent {agent.name!r} does not accept {block.get('type')} content"
+                )
+
+
+async def serve_client_stream(
+    bridge: Bridge,
+    receive: trio.abc.ReceiveStream,
+    send: trio.abc.SendStream,
+    *,
+    name: str = "stdio",
+) -> None:
+    """
+    Serve one client over a byte stream pair (stdio, or memory streams in tests) until EOF.
+
+    Resource handling: returns when the client closes its side; does not close ``send``.
+    """
+    client = bridge.open_client(name, blocking=True)
+    decoder = LineDecoder(max_line_bytes=bridge.config.bridge.max_line_bytes)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_pump_then_cancel, client, send, nursery.cancel_scope)
+        try:
+            while data := await receive.receive_some(READ_CHUNK):
+                for line in decoder.feed(data):
+                    await bridge.handle_client_line(client, line)
+            rest = decoder.feed_eof()
+            if rest is not None:
+                await bridge.handle_client_line(client, rest)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        # End of input: let requests already under way finish (bounded), write what is
+        # queued, then let go.
+        with trio.move_on_after(bridge.config.bridge.stop_grace):
+            await client.wait_idle()
+        await bridge.close_client(client, "end of input")
+        client.finish()
+        # The pump ends the nursery once the queue is written; a client that stopped
+        # reading gets the same grace, then is let go.
+        nursery.cancel_scope.deadline = trio.current_time() + bridge.config.bridge.stop_grace
+
+
+async def _pump_then_cancel(
+    client: ClientLink, stream: trio.abc.SendStream, scope: trio.CancelScope
+) -> None:
+    try:
+        await client.pump(stream)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        client.log.info("client_output_closed")
+    # Output is finished (written, or the client stopped reading): the connection is over.
+    scope.cancel()
+
+
+__all__ = ["Bridge", "ClientLink", "serve_client_stream"]

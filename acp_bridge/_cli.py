@@ -1,0 +1,143 @@
+"""
+The ``acp-bridge`` command line (DESIGN.md §2).
+
+Every subcommand keeps stdout for its own output; in ``stdio`` mode stdout carries protocol
+lines only, from the first byte, including when start-up fails (errors go to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+import trio
+
+from acp_bridge import __version__
+from acp_bridge._config import ConfigError, config_from_agent_specs, load_config
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from acp_bridge._config import Config
+
+EXIT_USAGE = 2
+
+
+def _add_agent_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.add_argument(
+        "--agent",
+        metavar="NAME=COMMAND",
+        action="append",
+        default=[],
+        help="an agent to run (repeatable; the first is the default); COMMAND is split like a "
+        "shell would",
+    )
+
+
+def _add_logging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument("--log-format", default="auto", choices=["auto", "console", "json"])
+    parser.add_argument("--log-file", metavar="FILE", help="write logs here instead of stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="acp-bridge",
+        description="One ACP client, many ACP agents: routes every message by sessionId.",
+    )
+    parser.add_argument("--version", action="version", version=f"acp-bridge {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    stdio = sub.add_parser("stdio", help="serve one ACP client on stdin/stdout")
+    _add_agent_source(stdio)
+    _add_logging(stdio)
+
+    prompt = sub.add_parser(
+        "prompt", help="send one prompt through the bridge and print the streamed reply"
+    )
+    prompt.add_argument("text", help="the prompt")
+    _add_agent_source(prompt)
+    prompt.add_argument("--to", metavar="AGENT", help="which configured agent gets the session")
+    prompt.add_argument("--cwd", metavar="DIR", help="the session's working directory")
+    prompt.add_argument(
+        "--yes", action="store_true", help="allow the agent's permission requests (default: deny)"
+    )
+    _add_logging(prompt)
+
+    demo = sub.add_parser(
+        "demo-agent", help="run the bundled scripted demo agent on stdin/stdout", add_help=False
+    )
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER)
+
+    for name, text in (
+        ("serve", "the WebSocket daemon (not built yet)"),
+        ("attach", "stdio ↔ WebSocket shim (not built yet)"),
+    ):
+        later = sub.add_parser(name, help=text)
+        later.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    if args.config and args.agent:
+        base = load_config(args.config)
+        return config_from_agent_specs(args.agent, base=base)
+    if args.config:
+        return load_config(args.config)
+    if args.agent:
+        return config_from_agent_specs(args.agent)
+    raise ConfigError("<command line>", ["give --config FILE or at least one --agent NAME=COMMAND"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo-agent"]:
+        # The demo agent parses its own options (and must not touch logging set-up here).
+        from acp_bridge._demo_agent import run_demo_agent_stdio
+
+        return run_demo_agent_stdio(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("serve", "attach"):
+        print(f"acp-bridge {args.command}: not available in this version yet", file=sys.stderr)
+        return EXIT_USAGE
+
+    protocol_fd = None
+    if args.command == "stdio":
+        # Before anything can print: from here on fd 1 is stderr, the protocol has its own fd.
+        from acp_bridge._stdio import claim_stdout
+
+        protocol_fd = claim_stdout()
+
+    from acp_bridge._log import configure_logging
+
+    configure_logging(level=args.log_level, fmt=args.log_format, file=args.log_file)
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        print(f"acp-bridge: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    if args.command == "stdio":
+        from acp_bridge._stdio import serve_stdio
+
+        assert protocol_fd is not None
+        trio.run(serve_stdio, config, protocol_fd)
+        return 0
+    if args.command == "prompt":
+        from acp_bridge._prompt import PromptFailed, run_prompt
+
+        try:
+            stop = trio.run(
+                lambda: run_prompt(config, args.text, agent=args.to, cwd=args.cwd, approve=args.yes)
+            )
+        except PromptFailed as exc:
+            print(f"acp-bridge prompt: {exc}", file=sys.stderr)
+            return 1
+        print(f"[stop reason: {stop}]", file=sys.stderr)
+        return 0
+    parser.error(f"unknown command {args.command}")

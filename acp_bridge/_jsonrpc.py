@@ -1,0 +1,166 @@
+"""
+JSON-RPC 2.0 for ACP: the codec, message classification and error constructors.
+
+Pure: no I/O, no trio. Messages stay plain dicts (the raw JSON) so that ``_meta``, unknown
+fields and unknown enum values survive the trip through the bridge untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, Final, TypeAlias
+
+#: A decoded JSON object (a JSON-RPC message, params or result).
+JsonObject: TypeAlias = dict[str, Any]
+#: A JSON-RPC id: the type the peer used (number or string; null only in some error replies).
+JsonRpcId: TypeAlias = int | float | str | None
+
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+REQUEST_CANCELLED: Final = -32800
+AUTH_REQUIRED: Final = -32000
+RESOURCE_NOT_FOUND: Final = -32002
+#: The bridge's own "server error" range code for an agent that is down or failed.
+AGENT_UNAVAILABLE: Final = -32003
+
+_decoder = json.JSONDecoder()
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class Kind(enum.Enum):
+    """What a decoded message is."""
+
+    REQUEST = "request"
+    NOTIFICATION = "notification"
+    RESPONSE = "response"
+    INVALID = "invalid"
+
+
+class JsonRpcError(Exception):
+    """
+    An error to send back as a JSON-RPC error object.
+
+    Named constructors follow the ACP SDK's (``parse_error()``, ``method_not_found(m)``...).
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_error(self) -> JsonObject:
+        err: JsonObject = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+    @classmethod
+    def parse_error(cls, detail: str | None = None) -> JsonRpcError:
+        return cls(PARSE_ERROR, "Parse error", {"detail": detail} if detail else None)
+
+    @classmethod
+    def invalid_request(cls, detail: str | None = None) -> JsonRpcError:
+        return cls(INVALID_REQUEST, "Invalid request", {"detail": detail} if detail else None)
+
+    @classmethod
+    def method_not_found(cls, method: str, detail: str | None = None) -> JsonRpcError:
+        data: JsonObject = {"method": method}
+        if detail:
+            data["detail"] = detail
+        return cls(METHOD_NOT_FOUND, "Method not found", data)
+
+    @classmethod
+    def invalid_params(cls, detail: str) -> JsonRpcError:
+        return cls(INVALID_PARAMS, "Invalid params", {"detail": detail})
+
+    @classmethod
+    def internal_error(cls, detail: str | None = None, **data: Any) -> JsonRpcError:
+        payload: JsonObject = dict(data)
+        if detail:
+            payload["detail"] = detail
+        return cls(INTERNAL_ERROR, "Internal error", payload or None)
+
+    @classmethod
+    def cancelled(cls, detail: str | None = None) -> JsonRpcError:
+        return cls(REQUEST_CANCELLED, "Request cancelled", {"detail": detail} if detail else None)
+
+    @classmethod
+    def resource_not_found(cls, detail: str) -> JsonRpcError:
+        return cls(RESOURCE_NOT_FOUND, "Resource not found", {"detail": detail})
+
+
+def loads(line: bytes | str) -> Any:
+    """Decode one JSON text; raises :class:`JsonRpcError` (parse error) on bad input."""
+    try:
+        if isinstance(line, bytes):
+            line = line.decode("utf-8")
+        return _decoder.decode(line)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise JsonRpcError.parse_error(type(exc).__name__) from None
+
+
+def dumps(msg: Any) -> bytes:
+    """Encode one message as a compact JSON line, newline included."""
+    return (_encoder.encode(msg) + "\n").encode("utf-8")
+
+
+def classify(msg: Any) -> Kind:
+    """
+    Classify a decoded JSON value as a JSON-RPC 2.0 message.
+
+    Only the envelope is checked; params and results are the peers' business.
+    """
+    if type(msg) is not dict or msg.get("jsonrpc") != "2.0":
+        return Kind.INVALID
+    method = msg.get("method")
+    if method is not None:
+        if type(method) is not str:
+            return Kind.INVALID
+        params = msg.get("params")
+        if params is not None and type(params) not in (dict, list):
+            return Kind.INVALID
+        if "id" not in msg:
+            return Kind.NOTIFICATION
+        return Kind.REQUEST if is_valid_id(msg["id"]) else Kind.INVALID
+    if "id" in msg and (("result" in msg) != ("error" in msg)):
+        return Kind.RESPONSE if is_valid_id(msg["id"]) or msg["id"] is None else Kind.INVALID
+    return Kind.INVALID
+
+
+def is_valid_id(value: Any) -> bool:
+    """A request id we accept: a string or an integer (JSON-RPC discourages fractions)."""
+    t = type(value)
+    return t is str or t is int
+
+
+def request(id_: JsonRpcId, method: str, params: Any = None) -> JsonObject:
+    msg: JsonObject = {"jsonrpc": "2.0", "id": id_, "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def notification(method: str, params: Any = None) -> JsonObject:
+    msg: JsonObject = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def result(id_: JsonRpcId, value: Any) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": id_, "result": value}
+
+
+def error(id_: JsonRpcId, err: JsonRpcError) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": id_, "error": err.to_error()}
+
+
+def params_of(msg: JsonObject) -> JsonObject:
+    """The params object of a request or notification ({} when absent or not an object)."""
+    params = msg.get("params")
+    return params if type(params) is dict else {}

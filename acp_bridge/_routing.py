@@ -1,0 +1,207 @@
+"""
+Routing state: which agent owns which session, and which requests are waiting on whom.
+
+Pure: no I/O, no trio. The bridge (``_bridge.py``) owns one :class:`SessionTable` and one
+:class:`PendingTable` per link; it asks them where a message goes and performs the answer.
+
+Session ids: the client sees *bridge* session ids. A bridge id equals the agent's own id
+whenever that id is not already taken, so most traffic passes without rewriting; when two
+agents mint the same id, the later one gets ``"<id>~<agent>"`` (plus a counter if even that is
+taken). Request ids: every request the bridge sends on a link carries an integer minted for
+that link; the table remembers who asked and with which id, so ids from two agents, or from an
+agent and the client, never meet.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from acp_bridge._jsonrpc import JsonRpcId
+
+
+class SessionState(enum.Enum):
+    """Where a session is in its life, as the bridge sees it."""
+
+    #: a ``session/load`` for it is under way; its replayed updates are routed already
+    LOADING = "loading"
+    #: known from ``session/list``; not attached to any client yet
+    LISTED = "listed"
+    ACTIVE = "active"
+    #: its agent exited; requests for it fail until it is loaded again
+    ENDED = "ended"
+
+
+@attrs.define(eq=False, slots=True)
+class Session:
+    """One session as the bridge routes it."""
+
+    bridge_id: str
+    agent: str
+    agent_id: str
+    state: SessionState = SessionState.ACTIVE
+    #: the client link that owns the session (opaque to this module), None when detached
+    client: Any = None
+    #: True when bridge_id != agent_id: messages need their sessionId rewritten
+    rewrite: bool = False
+    #: ids (on the client link) of permission requests the client has not answered yet
+    pending_permissions: set[int] = attrs.field(factory=set)
+
+
+class SessionTable:
+    """
+    Bridge session id ↔ (agent, agent session id), unique across all agents.
+
+    Lookups are O(1) both ways.
+    """
+
+    __slots__ = ("_by_agent", "_by_bridge")
+
+    def __init__(self) -> None:
+        self._by_bridge: dict[str, Session] = {}
+        self._by_agent: dict[str, dict[str, Session]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_bridge)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_bridge.values()))
+
+    def get(self, bridge_id: str) -> Session | None:
+        return self._by_bridge.get(bridge_id)
+
+    def find(self, agent: str, agent_id: str) -> Session | None:
+        sessions = self._by_agent.get(agent)
+        return sessions.get(agent_id) if sessions is not None else None
+
+    def of_agent(self, agent: str) -> list[Session]:
+        return list(self._by_agent.get(agent, {}).values())
+
+    def register(
+        self,
+        agent: str,
+        agent_id: str,
+        *,
+        client: Any = None,
+        state: SessionState = SessionState.ACTIVE,
+    ) -> Session:
+        """
+        Bind an agent's session id, minting a bridge id; an existing binding is reused.
+
+        Returns the session (new or existing); the caller updates client and state.
+        """
+        existing = self.find(agent, agent_id)
+        if existing is not None:
+            return existing
+        bridge_id = agent_id
+        if bridge_id in self._by_bridge:
+            bridge_id = f"{agent_id}~{agent}"
+            for n in itertools.count(2):
+                if bridge_id not in self._by_bridge:
+                    break
+                bridge_id = f"{agent_id}~{agent}~{n}"
+        session = Session(
+            bridge_id=bridge_id,
+            agent=agent,
+            agent_id=agent_id,
+            state=state,
+            client=client,
+            rewrite=bridge_id != agent_id,
+        )
+        self._by_bridge[bridge_id] = session
+        self._by_agent.setdefault(agent, {})[agent_id] = session
+        return session
+
+    def bind(self, agent: str, agent_id: str, bridge_id: str) -> Session:
+        """
+        Bind an agent session to a given bridge id (restoring a known mapping).
+
+        Raises:
+            ValueError: the bridge id is taken by another agent session.
+        """
+        taken = self._by_bridge.get(bridge_id)
+        if taken is not None:
+            if taken.agent == agent and taken.agent_id == agent_id:
+                return taken
+            raise ValueError(f"bridge session id {bridge_id!r} is taken")
+        session = Session(
+            bridge_id=bridge_id, agent=agent, agent_id=agent_id, rewrite=bridge_id != agent_id
+        )
+        self._by_bridge[bridge_id] = session
+        self._by_agent.setdefault(agent, {})[agent_id] = session
+        return session
+
+    def remove(self, session: Session) -> None:
+        if self._by_bridge.get(session.bridge_id) is session:
+            del self._by_bridge[session.bridge_id]
+        sessions = self._by_agent.get(session.agent)
+        if sessions is not None and sessions.get(session.agent_id) is session:
+            del sessions[session.agent_id]
+
+
+T = TypeVar("T")
+
+
+class PendingTable(Generic[T]):
+    """
+    Requests the bridge sent on one link and is waiting on: minted id → what to do with the answer.
+
+    Ids are integers counted from 1 per link, never reused while the link lives.
+    """
+
+    __slots__ = ("_entries", "_next")
+
+    def __init__(self) -> None:
+        self._next = 1
+        self._entries: dict[int, T] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, entry: T) -> int:
+        bridge_id = self._next
+        self._next += 1
+        self._entries[bridge_id] = entry
+        return bridge_id
+
+    def get(self, bridge_id: JsonRpcId) -> T | None:
+        if type(bridge_id) is not int:
+            return None
+        return self._entries.get(bridge_id)
+
+    def pop(self, bridge_id: JsonRpcId) -> T | None:
+        """Remove and return the entry for a response's id; None for an unknown id."""
+        if type(bridge_id) is not int:
+            return None
+        return self._entries.pop(bridge_id, None)
+
+    def find(self, predicate: Callable[[T], bool]) -> list[tuple[int, T]]:
+        return [(k, v) for k, v in self._entries.items() if predicate(v)]
+
+    def drain(self) -> list[tuple[int, T]]:
+        """Remove and return every entry (the link is gone: each needs a synthesized answer)."""
+        entries = list(self._entries.items())
+        self._entries.clear()
+        return entries
+
+
+@attrs.define(slots=True)
+class Forwarded:
+    """
+    A request the bridge forwarded: who asked, with which id, and for which session.
+
+    ``origin`` is the link the request came from (a client or an agent, opaque here).
+    """
+
+    origin: Any
+    origin_id: JsonRpcId
+    method: str
+    session: Session | None = None
+    #: extra context the bridge needs when the answer comes (e.g. the agent chosen)
+    context: Any = None

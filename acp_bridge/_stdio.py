@@ -1,0 +1,89 @@
+"""
+The stdio face: the editor spawns ``acp-bridge stdio`` and speaks ACP on its stdin/stdout.
+
+stdout is the protocol and nothing else: before anything runs, the protocol gets a private
+duplicate of fd 1 and fd 1 itself is pointed at stderr, so a stray ``print`` or a library
+writing to stdout lands in the diagnostics, never in the protocol stream.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+from acp_bridge._agent import Reaper, make_subprocess_launcher
+from acp_bridge._bridge import Bridge, serve_client_stream
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from acp_bridge._agent import Launcher
+    from acp_bridge._config import Config
+
+logger = structlog.get_logger("acp_bridge.stdio")
+
+
+def claim_stdout() -> int:
+    """Take fd 1 for the protocol; point fd 1 (and ``sys.stdout``) at stderr. Returns the fd."""
+    sys.stdout.flush()
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)
+    return protocol_fd
+
+
+async def with_bridge(
+    config: Config,
+    body: Callable[[Bridge], Awaitable[object]],
+    *,
+    launcher: Launcher | None = None,
+) -> None:
+    """
+    Run a bridge with real agent processes around ``body(bridge)``; stop everything after it.
+
+    Agents are stopped first (gracefully: stdin EOF → SIGTERM → SIGKILL), then the reaper
+    watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way.
+    """
+    async with trio.open_nursery() as outer:
+        reaper: Reaper | None = None
+        if launcher is None:
+            reaper = Reaper()
+            await outer.start(reaper.run)
+            launcher = make_subprocess_launcher(reaper=reaper, stop_grace=config.bridge.stop_grace)
+        outer.start_soon(_cancel_on_signals, outer.cancel_scope)
+        async with trio.open_nursery() as inner:
+            bridge = Bridge(config, launcher)
+            await inner.start(bridge.run)
+            try:
+                await body(bridge)
+            finally:
+                inner.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
+
+
+async def _cancel_on_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            logger.info("signal_received", signal=signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def serve_stdio(config: Config, protocol_fd: int) -> None:
+    """Serve the client on stdin and ``protocol_fd`` until stdin ends."""
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    stdout = trio.lowlevel.FdStream(protocol_fd)
+
+    async def body(bridge: Bridge) -> None:
+        await serve_client_stream(bridge, stdin, stdout)
+
+    try:
+        await with_bridge(config, body)
+    finally:
+        with trio.CancelScope(shield=True):
+            await stdin.aclose()
+            await stdout.aclose()

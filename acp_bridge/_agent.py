@@ -276,7 +276,9 @@ def make_in_process_launcher(
         fn = agents[config.name]
         if on_start is not None:
             on_start(config.name)
-        to_agent_send, to_agent_recv = trio.testing.memory_stream_pair()
+        # Lockstep toward the agent, like a pipe with no slack: an agent that stops reading
+        # blocks the bridge's writer, as a full pipe would.
+        to_agent_send, to_agent_recv = trio.testing.lockstep_stream_pair()
         from_agent_send, from_agent_recv = trio.testing.memory_stream_pair()
         status: int | None = 0
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,411 @@
+"""Bridge behaviour over in-process fake agents and a client on memory streams."""
+
+from __future__ import annotations
+
+import functools
+
+import trio
+import trio.testing
+
+from acp_bridge._bridge import AgentState
+
+from .fakes import FakeAgent, open_bridge
+
+
+async def test_initialize_waits_for_default_agent_and_answers_v1(autojump_clock):
+    """The bridge's initialize answer means "ready": the default agent has completed its own."""
+    agent = FakeAgent("a", init_delay=3)
+    async with open_bridge({"a": agent}, initialize=False) as (client, bridge):
+        result = await client.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        assert trio.current_time() == 3
+        assert result["protocolVersion"] == 1
+        assert result["agentCapabilities"]["loadSession"] is True
+        assert bridge.agents["a"].state is AgentState.READY
+        assert agent.received[0]["method"] == "initialize"
+
+
+async def test_initialize_newer_version_is_answered_with_1():
+    async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
+        result = await client.call("initialize", {"protocolVersion": 7})
+        assert result["protocolVersion"] == 1
+
+
+async def test_requests_before_initialize_are_refused():
+    async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
+        response = await client.request("session/new", {"cwd": "/w", "mcpServers": []})
+        assert response["error"]["code"] == -32600
+
+
+async def test_default_agent_failing_to_start_fails_initialize_with_its_story():
+    agent = FakeAgent("a", fail_initialize=True)
+    async with open_bridge({"a": agent}, initialize=False) as (client, _):
+        response = await client.request("initialize", {"protocolVersion": 1})
+        assert response["error"]["code"] == -32603
+        assert "exited during initialize" in response["error"]["message"]
+        assert response["error"]["data"]["agent"] == "a"
+
+
+async def test_agent_that_never_answers_initialize_times_out(autojump_clock):
+    agent = FakeAgent("a", init_delay=1000)
+    async with open_bridge({"a": agent}, initialize=False) as (client, _):
+        response = await client.request("initialize", {"protocolVersion": 1})
+        assert trio.current_time() == 5  # the agent's start_timeout in fakes.make_config
+        assert "did not answer initialize within 5s" in response["error"]["message"]
+
+
+async def test_malformed_client_input_gets_the_right_errors_and_nothing_else_breaks():
+    async with open_bridge({"a": FakeAgent("a")}) as (client, _):
+        await client.send_raw(b"this is not json\n")
+        err = await client.wait_for(lambda m: m.get("error", {}).get("code") == -32700)
+        assert err["id"] is None
+        await client.send_raw(b'{"jsonrpc":"2.0","id":7}\n')
+        err = await client.wait_for(lambda m: m.get("id") == 7)
+        assert err["error"]["code"] == -32600
+        await client.send_raw(b'[{"jsonrpc":"2.0","id":8,"method":"session/new"}]\n')
+        err = await client.wait_for(lambda m: "batches" in str(m.get("error")))
+        assert err["error"]["code"] == -32600
+        response = await client.request("no/such/method", {})
+        assert response["error"]["code"] == -32601
+        response = await client.request("_vendor/thing", {})  # no sessionId: nowhere to go
+        assert response["error"]["code"] == -32601
+        await client.notify("no/such/notification", {})
+        sid = await client.new_session()
+        assert (await client.prompt(sid, "count 2"))["result"]["stopReason"] == "end_turn"
+
+
+async def test_oversize_client_line_is_refused_without_disturbing_the_next():
+    async with open_bridge({"a": FakeAgent("a")}, max_line_bytes=1000) as (client, _):
+        await client.send_raw(b"x" * 5000 + b"\n")
+        err = await client.wait_for(lambda m: "error" in m)
+        assert err["error"]["code"] == -32600
+        assert "5000 bytes" in err["error"]["data"]["detail"]
+        sid = await client.new_session()
+        assert sid == "s1"
+
+
+async def test_colliding_agent_session_ids_get_distinct_bridge_ids_and_route_right():
+    """Two agents both mint "s1": the client sees two ids; each agent sees its own "s1"."""
+    a, b = FakeAgent("a"), FakeAgent("b")
+    async with open_bridge({"a": a, "b": b}) as (client, _):
+        sid_a = await client.new_session("a")
+        sid_b = await client.new_session("b")
+        assert sid_a == "s1"
+        assert sid_b != sid_a
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.prompt, sid_a, "count 50")
+            nursery.start_soon(client.prompt, sid_b, "count 50")
+        assert client.updates(sid_a) == [f"a:s1:{i}" for i in range(50)]
+        assert client.updates(sid_b) == [f"b:s1:{i}" for i in range(50)]
+        prompts_b = [m for m in b.received if m.get("method") == "session/prompt"]
+        assert prompts_b[0]["params"]["sessionId"] == "s1"
+
+
+async def test_request_ids_keep_their_type_and_never_meet_across_agents():
+    a, b = FakeAgent("a"), FakeAgent("b")
+    async with open_bridge({"a": a, "b": b}) as (client, _):
+        sid_a = await client.new_session("a")
+        sid_b = await client.new_session("b")
+        params_a = {"sessionId": sid_a, "prompt": [{"type": "text", "text": "count 1"}]}
+        params_b = {"sessionId": sid_b, "prompt": [{"type": "text", "text": "count 1"}]}
+        results = {}
+
+        async def run(req_id, params):
+            results[req_id] = await client.request("session/prompt", params, id=req_id)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "1", params_a)
+            nursery.start_soon(run, 1, params_b)
+        assert results["1"]["id"] == "1"
+        assert results[1]["id"] == 1
+        assert type(results[1]["id"]) is int
+        # Each agent saw ids minted by the bridge for its own link.
+        assert all(type(m["id"]) is int for m in a.received if "method" in m and "id" in m)
+
+
+async def test_meta_and_unknown_fields_reach_the_agent_untouched():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        result = await client.call(
+            "_vendor/ping",
+            {"sessionId": sid, "x": [1, {"y": None}], "_meta": {"traceparent": "00-abc"}},
+        )
+        assert result["params"] == {
+            "sessionId": sid,
+            "x": [1, {"y": None}],
+            "_meta": {"traceparent": "00-abc"},
+        }
+
+
+async def test_permission_request_crosses_both_ways_with_the_outcome_honoured():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.prompt, sid, "permission")
+            req = await client.agent_requests.receive()
+            assert req["method"] == "session/request_permission"
+            assert req["params"]["sessionId"] == sid
+            await client.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": req["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
+                }
+            )
+        assert client.updates(sid) == ["a:outcome:yes"]
+        answer = [m for m in a.received if "result" in m and "outcome" in m["result"]]
+        assert answer[0]["id"] == 100  # the agent's own request id came back
+
+
+async def test_cancel_settles_pending_permissions_at_once_and_refuses_late_answers():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (client, bridge):
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+
+            async def prompt():
+                response = await client.prompt(sid, "permission")
+                assert response["result"]["stopReason"] == "cancelled"
+
+            nursery.start_soon(prompt)
+            req = await client.agent_requests.receive()
+            await client.notify("session/cancel", {"sessionId": sid})
+            resolved = await client.wait_for(
+                lambda m: m.get("method") == "_acp_bridge/permission_resolved"
+            )
+            assert resolved["params"]["requestId"] == req["id"]
+            assert resolved["params"]["outcome"] == {"outcome": "cancelled"}
+        # A late answer from the client goes nowhere: the agent got exactly one outcome.
+        await client.send(
+            {
+                "jsonrpc": "2.0",
+                "id": req["id"],
+                "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
+            }
+        )
+        await client.call("session/set_mode", {"sessionId": sid, "modeId": "x"})
+        outcomes = [m for m in a.received if "result" in m and "outcome" in m["result"]]
+        assert outcomes == [
+            {"jsonrpc": "2.0", "id": 100, "result": {"outcome": {"outcome": "cancelled"}}}
+        ]
+        assert a.cancelled == {"s1"}
+        assert client.updates(sid) == ["a:outcome:{'outcome': 'cancelled'}"]
+        assert not bridge.sessions.get(sid).pending_permissions
+
+
+async def test_cancel_is_forwarded_and_ends_the_turn():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+
+            async def prompt():
+                response = await client.prompt(sid, "wait")
+                assert response["result"]["stopReason"] == "cancelled"
+
+            nursery.start_soon(prompt)
+            await client.wait_for(lambda m: "waiting" in str(m))
+            await client.notify("session/cancel", {"sessionId": sid})
+
+
+async def test_fs_calls_cross_to_the_client_and_back():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.prompt, sid, "read /w/f.txt")
+            req = await client.agent_requests.receive()
+            assert req["method"] == "fs/read_text_file"
+            assert req["params"] == {"sessionId": sid, "path": "/w/f.txt"}
+            await client.send({"jsonrpc": "2.0", "id": req["id"], "result": {"content": "hi"}})
+        assert client.updates(sid) == ["a:fs:{'content': 'hi'}"]
+
+
+async def test_fs_calls_are_refused_when_the_client_did_not_advertise_them():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, initialize=False) as (client, _):
+        await client.initialize()  # no fs capability
+        sid = await client.new_session()
+        await client.prompt(sid, "write /w/f.txt hello")
+        [update] = client.updates(sid)
+        assert "-32601" in update
+        assert a.client_capabilities == {}
+
+
+async def test_cancel_request_is_translated_to_the_agent_link_id():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+            params = {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]}
+            nursery.start_soon(
+                functools.partial(client.request, "session/prompt", params, id="p-1")
+            )
+            await client.wait_for(lambda m: "waiting" in str(m))
+            await client.notify("$/cancel_request", {"requestId": "p-1"})
+            await trio.testing.wait_all_tasks_blocked()
+            [cancel] = [m for m in a.received if m.get("method") == "$/cancel_request"]
+            [prompt] = [m for m in a.received if m.get("method") == "session/prompt"]
+            assert cancel["params"]["requestId"] == prompt["id"]
+            await client.notify("session/cancel", {"sessionId": sid})
+
+
+async def test_agent_crash_mid_prompt_fails_the_prompt_and_spares_other_agents():
+    a, b = FakeAgent("a"), FakeAgent("b")
+    async with open_bridge({"a": a, "b": b}) as (client, bridge):
+        sid_a = await client.new_session("a")
+        sid_b = await client.new_session("b")
+        response = await client.prompt(sid_a, "crash")
+        assert response["error"]["code"] == -32603
+        assert response["error"]["data"]["agent"] == "a"
+        assert response["error"]["data"]["exitStatus"] == 1
+        assert client.updates(sid_a) == ["a:s1:about-to-crash"]
+        assert bridge.agents["a"].state is AgentState.DEAD
+        # Its session has ended; the other agent is untouched.
+        ended = await client.prompt(sid_a, "count 1")
+        assert "ended" in ended["error"]["message"]
+        assert (await client.prompt(sid_b, "count 3"))["result"]["stopReason"] == "end_turn"
+        # The next session/new restarts it.
+        sid_a2 = await client.new_session("a")
+        assert a.starts == 2
+        assert (await client.prompt(sid_a2, "count 1"))["result"]["stopReason"] == "end_turn"
+
+
+async def test_restarts_back_off_and_a_crash_loop_gives_up(autojump_clock):
+    a = FakeAgent("a")
+    b = FakeAgent("b")
+    limits = {"restart_backoff_initial": 1.0, "crash_loop_limit": 3, "crash_loop_window": 60.0}
+    async with open_bridge({"b": b, "a": a}, **limits) as (client, _):
+        started_at = []
+        for _ in range(3):
+            sid = await client.new_session("a")
+            started_at.append(trio.current_time())
+            response = await client.prompt(sid, "crash")
+            assert response["error"]["code"] == -32603
+        # First start immediate, then 1 s, then 2 s of backoff (exact virtual time).
+        assert [round(t - started_at[0], 6) for t in started_at] == [0.0, 1.0, 3.0]
+        response = await client.request(
+            "session/new", {"cwd": "/w", "mcpServers": [], "_meta": {"acp_bridge": {"agent": "a"}}}
+        )
+        assert "crashed 3 times" in response["error"]["message"]
+        assert a.starts == 3
+        # Once the window has passed, it may start again.
+        await trio.sleep(61)
+        sid = await client.new_session("a")
+        assert a.starts == 4
+
+
+async def test_stalled_agent_never_blocks_other_sessions():
+    """An agent that stops reading its stdin: its queue fills, its requests fail fast."""
+    stuck = FakeAgent("stuck")
+    fine = FakeAgent("fine")
+    async with open_bridge({"fine": fine, "stuck": stuck}, agent_queue=4) as (client, _):
+        sid_fine = await client.new_session("fine")
+        sid_stuck = await client.new_session("stuck")
+        assert (await client.prompt(sid_stuck, "stall"))["result"]["stopReason"] == "end_turn"
+        errors = []
+
+        async def prompt_stuck():
+            response = await client.prompt(sid_stuck, "count 1")
+            errors.append(response["error"]["code"])
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(prompt_stuck)
+            await trio.testing.wait_all_tasks_blocked()
+            # Waiting: the queue (4), one write batch in the writer's hands (here 2) and the
+            # chunk the agent read before it stalled (1); the rest failed at once, and the
+            # other agent's session is unaffected.
+            assert len(errors) == 12 - 4 - 2 - 1
+            assert set(errors) == {-32603}
+            assert (await client.prompt(sid_fine, "count 2"))["result"]["stopReason"] == "end_turn"
+            nursery.cancel_scope.cancel()
+
+
+async def test_updates_sent_before_the_session_new_response_arrive_before_it():
+    a = FakeAgent("a", early_update=True)
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        kinds = [
+            "update" if m.get("method") == "session/update" else "response"
+            for m in client.received
+            if m.get("method") == "session/update" or "sessionId" in str(m.get("result"))
+        ]
+        assert kinds == ["update", "response"]
+        assert client.updates(sid) == ["a:s1:early"]
+
+
+async def test_session_list_merges_agents_behind_one_opaque_cursor():
+    a = FakeAgent("a", list_pages=2)
+    b = FakeAgent("b", list_pages=1)
+    async with open_bridge({"a": a, "b": b}) as (client, _):
+        await client.new_session("b")  # b is started on demand
+        seen = []
+        cursor = None
+        for _ in range(10):
+            params = {} if cursor is None else {"cursor": cursor}
+            page = await client.call("session/list", params)
+            seen += [s["sessionId"] for s in page["sessions"]]
+            cursor = page.get("nextCursor")
+            if cursor is None:
+                break
+        assert seen == ["sp0", "sp1", "sp0~b"]
+        response = await client.request("session/list", {"cursor": "garbage!"})
+        assert response["error"]["code"] == -32602
+
+
+async def test_listed_session_of_a_second_agent_loads_from_that_agent_with_replay_first():
+    a = FakeAgent("a")
+    b = FakeAgent("b", prefix="b")
+    async with open_bridge({"a": a, "b": b}) as (client, _):
+        sid = await client.new_session("b")
+        response = await client.request(
+            "session/load", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+        )
+        assert "result" in response
+        # The replayed update came before the response.
+        index = client.received.index(response)
+        assert client.received[index - 1]["params"]["update"]["content"]["text"] == "b:b1:replay"
+
+
+async def test_methods_the_agent_did_not_advertise_are_refused_with_method_not_found():
+    a = FakeAgent("a", capabilities={})
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        for method in ("session/load", "session/resume", "session/close", "session/fork"):
+            response = await client.request(
+                method, {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+            )
+            assert response["error"]["code"] == -32601, method
+        response = await client.request(
+            "session/prompt",
+            {"sessionId": sid, "prompt": [{"type": "image", "data": "", "mimeType": "image/png"}]},
+        )
+        assert response["error"]["code"] == -32602
+
+
+async def test_additional_directories_and_http_mcp_are_stripped_for_agents_without_them():
+    a = FakeAgent("a", capabilities={})
+    async with open_bridge({"a": a}) as (client, _):
+        await client.new_session(
+            additionalDirectories=["/x"],
+            mcpServers=[{"type": "http", "name": "h", "url": "http://127.0.0.1:1", "headers": []}],
+        )
+        [new] = [m for m in a.received if m.get("method") == "session/new"]
+        assert "additionalDirectories" not in new["params"]
+        assert new["params"]["mcpServers"] == []
+
+
+async def test_unknown_session_is_resource_not_found():
+    async with open_bridge({"a": FakeAgent("a")}) as (client, _):
+        response = await client.prompt("nope", "hi")
+        assert response["error"]["code"] == -32002
+
+
+async def test_agents_request_lists_states_and_capabilities():
+    async with open_bridge({"a": FakeAgent("a"), "b": FakeAgent("b")}) as (client, _):
+        result = await client.call("_acp_bridge/agents", {})
+        assert result["default"] == "a"
+        states = {agent["name"]: agent["state"] for agent in result["agents"]}
+        assert states == {"a": "ready", "b": "stopped"}

@@ -1,0 +1,198 @@
+"""The pure core: framing, JSON-RPC classification, session and request-id tables. No trio."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from acp_bridge._framing import LineDecoder, Oversize
+from acp_bridge._jsonrpc import JsonRpcError, Kind, classify, dumps, loads
+from acp_bridge._routing import PendingTable, SessionTable
+
+PURE_MODULES = [
+    "acp_bridge._framing",
+    "acp_bridge._jsonrpc",
+    "acp_bridge._routing",
+    "acp_bridge._config",
+]
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_modules_import_no_trio(module):
+    """The core that decides never imports the I/O layer (checked in a fresh interpreter)."""
+    code = f"import sys, {module}; assert 'trio' not in sys.modules, 'trio imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+@given(
+    lines=st.lists(
+        st.binary(min_size=1, max_size=50).filter(lambda b: b"\n" not in b and b != b"\r"),
+        max_size=20,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=30),
+)
+def test_any_chunking_yields_the_same_lines(lines, cuts):
+    data = b"".join(line + b"\n" for line in lines)
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    decoder = LineDecoder(max_line_bytes=100)
+    out = []
+    start = 0
+    for point in [*points, len(data)]:
+        out += decoder.feed(data[start:point])
+        start = point
+    assert out == lines
+    assert decoder.feed_eof() is None
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=10),
+    chunk=st.integers(min_value=1, max_value=64),
+)
+def test_oversize_lines_become_markers_and_memory_stays_bounded(sizes, chunk):
+    cap = 100
+    data = b"".join(b"x" * n + b"\n" for n in sizes)
+    decoder = LineDecoder(max_line_bytes=cap)
+    out = []
+    for i in range(0, len(data), chunk):
+        out += decoder.feed(data[i : i + chunk])
+        assert decoder.pending <= cap + chunk
+    expected = [Oversize(n) if n > cap else b"x" * n for n in sizes]
+    assert out == expected
+
+
+def test_empty_lines_are_skipped_and_a_fragment_is_returned_at_eof():
+    decoder = LineDecoder()
+    assert decoder.feed(b'\n\r\n{}\n{"a"') == [b"{}"]
+    assert decoder.feed_eof() == b'{"a"'
+    assert decoder.feed_eof() is None
+
+
+def test_a_huge_line_fed_byte_by_byte_is_discarded_as_it_arrives():
+    decoder = LineDecoder(max_line_bytes=10)
+    for _ in range(1000):
+        assert decoder.feed(b"y") == []
+        assert decoder.pending <= 10
+    assert decoder.feed(b"\nok\n") == [Oversize(1000), b"ok"]
+
+
+# ----------------------------------------------------------------------------- JSON-RPC
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ({"jsonrpc": "2.0", "id": 1, "method": "m"}, Kind.REQUEST),
+        ({"jsonrpc": "2.0", "id": "x", "method": "m", "params": {}}, Kind.REQUEST),
+        ({"jsonrpc": "2.0", "method": "m"}, Kind.NOTIFICATION),
+        ({"jsonrpc": "2.0", "id": 1, "result": None}, Kind.RESPONSE),
+        ({"jsonrpc": "2.0", "id": None, "error": {"code": 1, "message": ""}}, Kind.RESPONSE),
+        ({"jsonrpc": "2.0", "id": 1, "result": 1, "error": {}}, Kind.INVALID),
+        ({"jsonrpc": "2.0", "id": 1}, Kind.INVALID),
+        ({"jsonrpc": "1.0", "id": 1, "method": "m"}, Kind.INVALID),
+        ({"jsonrpc": "2.0", "id": True, "method": "m"}, Kind.INVALID),
+        ({"jsonrpc": "2.0", "id": 1.5, "method": "m"}, Kind.INVALID),
+        ({"jsonrpc": "2.0", "id": [1], "method": "m"}, Kind.INVALID),
+        ({"jsonrpc": "2.0", "method": 5}, Kind.INVALID),
+        ({"jsonrpc": "2.0", "method": "m", "params": 3}, Kind.INVALID),
+        ([{"jsonrpc": "2.0", "method": "m"}], Kind.INVALID),
+        ("text", Kind.INVALID),
+    ],
+)
+def test_classify(message, kind):
+    assert classify(message) is kind
+
+
+@pytest.mark.parametrize("line", [b"{", b"\xff\xfe", b"[" * 100000, b"nan", b"", b"{'a': 1}"])
+def test_bad_json_is_a_parse_error(line):
+    with pytest.raises(JsonRpcError) as info:
+        loads(line)
+    assert info.value.code == -32700
+
+
+def test_encoding_is_one_compact_line_and_keeps_unicode():
+    data = dumps({"text": "héllo\nworld", "n": 1})
+    assert data == '{"text":"héllo\\nworld","n":1}\n'.encode()
+    assert data.count(b"\n") == 1
+
+
+# ----------------------------------------------------------------------------- routing
+
+AGENTS = ["a", "b", "c"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(AGENTS), st.sampled_from(["s1", "s2", "s1~b", "s1~a", "x"])),
+        max_size=40,
+    )
+)
+def test_colliding_session_ids_never_misroute(registrations):
+    """Whatever ids agents mint, bridge ids are unique and map back to exactly their origin."""
+    table = SessionTable()
+    for agent, sid in registrations:
+        session = table.register(agent, sid)
+        assert table.get(session.bridge_id) is session
+        assert table.find(agent, sid) is session
+        assert (session.agent, session.agent_id) == (agent, sid)
+        assert session.rewrite == (session.bridge_id != sid)
+    bridge_ids = [s.bridge_id for s in table]
+    assert len(bridge_ids) == len(set(bridge_ids)) == len(set(registrations))
+    # The first agent to mint an id keeps it unchanged (the fast path).
+    first_owner = {}
+    for agent, sid in registrations:
+        first_owner.setdefault(sid, agent)
+    for sid, agent in first_owner.items():
+        owner = table.get(sid)
+        assert owner is not None
+        if owner.agent_id == sid:
+            assert owner.agent == agent
+
+
+def test_removed_sessions_free_their_ids():
+    table = SessionTable()
+    s = table.register("a", "s1")
+    table.remove(s)
+    assert table.get("s1") is None
+    assert table.find("a", "s1") is None
+    assert table.register("b", "s1").bridge_id == "s1"
+
+
+def test_bind_refuses_a_taken_id():
+    table = SessionTable()
+    table.register("a", "s1")
+    with pytest.raises(ValueError, match="taken"):
+        table.bind("b", "s1", "s1")
+    assert table.bind("a", "s1", "s1").agent == "a"
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "pop"]), st.one_of(st.integers(0, 20), st.text(max_size=2))
+        ),
+        max_size=60,
+    )
+)
+def test_pending_table_answers_each_id_once(ops):
+    table: PendingTable[object] = PendingTable()
+    live: dict[int, object] = {}
+    for op, value in ops:
+        if op == "add":
+            entry = object()
+            new_id = table.add(entry)
+            assert new_id not in live
+            live[new_id] = entry
+        else:
+            got = table.pop(value)
+            expected = live.pop(value, None) if type(value) is int else None
+            assert got is expected
+    assert len(table) == len(live)
+    assert dict(table.drain()) == live
+    assert len(table) == 0

@@ -1,0 +1,204 @@
+"""End to end with real processes: `acp-bridge stdio` with real agent processes behind it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import trio
+
+from acp_bridge._framing import LineDecoder
+from acp_bridge._jsonrpc import dumps, loads
+
+pytestmark = pytest.mark.e2e
+
+DEMO = shlex.join([sys.executable, "-m", "acp_bridge", "demo-agent", "--chunk-delay", "0.01"])
+
+
+class BridgeProcess:
+    """`acp-bridge stdio` as a subprocess, spoken to line by line."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.decoder = LineDecoder()
+        self.lines: list[bytes] = []
+        self.messages: list[dict[str, Any]] = []
+        self.ids = iter(range(1, 10**6))
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all(dumps(msg))
+
+    async def next_message(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        while not self.lines:
+            data = await self.proc.stdout.receive_some(65536)
+            assert data, "bridge closed stdout"
+            for line in self.decoder.feed(data):
+                assert isinstance(line, bytes)
+                self.lines.append(line)
+        msg = loads(self.lines.pop(0))  # every stdout line must parse as JSON-RPC
+        assert msg["jsonrpc"] == "2.0"
+        self.messages.append(msg)
+        return msg
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        req_id = next(self.ids)
+        await self.send({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params})
+        while True:
+            msg = await self.next_message()
+            if msg.get("id") == req_id and "method" not in msg:
+                return msg
+
+
+async def open_bridge_process(nursery: trio.Nursery, *agents: str) -> BridgeProcess:
+    argv = [sys.executable, "-m", "acp_bridge", "stdio", "--log-level", "debug"]
+    for agent in agents:
+        argv += ["--agent", agent]
+    proc = await trio.lowlevel.open_process(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    nursery.start_soon(_reap, proc)
+    bridge = BridgeProcess(proc)
+    init = await bridge.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+    assert init["result"]["protocolVersion"] == 1
+    return bridge
+
+
+async def _reap(proc: trio.Process) -> None:
+    try:
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+
+
+async def wait_gone(pid: int) -> None:
+    """Wait (without polling) until a process, child or not, has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+async def agent_pids(bridge: BridgeProcess) -> dict[str, int]:
+    result = (await bridge.call("_acp_bridge/agents", {}))["result"]
+    return {a["name"]: a["pid"] for a in result["agents"] if a["pid"] is not None}
+
+
+async def test_killing_an_agent_mid_prompt_ends_the_prompt_within_a_second(tmp_path):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            bridge = await open_bridge_process(nursery, f"a={DEMO}", f"b={DEMO} --name b")
+            new = {"cwd": str(tmp_path), "mcpServers": []}
+            sid_a = (await bridge.call("session/new", new))["result"]["sessionId"]
+            meta = {"_meta": {"acp_bridge": {"agent": "b"}}}
+            sid_b = (await bridge.call("session/new", {**new, **meta}))["result"]["sessionId"]
+            pids = await agent_pids(bridge)
+            await bridge.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "p",
+                    "method": "session/prompt",
+                    "params": {
+                        "sessionId": sid_a,
+                        "prompt": [{"type": "text", "text": "count 500"}],
+                    },
+                }
+            )
+            # Once it streams, kill the agent outright.
+            while (await bridge.next_message()).get("method") != "session/update":
+                pass
+            killed_at = time.monotonic()
+            os.kill(pids["a"], signal.SIGKILL)
+            while True:
+                msg = await bridge.next_message()
+                if msg.get("id") == "p":
+                    break
+            elapsed = time.monotonic() - killed_at
+            assert elapsed < 1.0
+            assert msg["error"]["data"]["exitStatus"] == -signal.SIGKILL
+            assert "exited" in msg["error"]["message"]
+            # The other agent's session keeps working.
+            reply = await bridge.call(
+                "session/prompt",
+                {"sessionId": sid_b, "prompt": [{"type": "text", "text": "hello"}]},
+            )
+            assert reply["result"]["stopReason"] == "end_turn"
+            assert bridge.proc.stdin is not None
+            await bridge.proc.stdin.aclose()
+            assert await bridge.proc.wait() == 0
+
+
+async def test_end_of_input_stops_every_agent(tmp_path):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            bridge = await open_bridge_process(nursery, f"a={DEMO}")
+            pids = await agent_pids(bridge)
+            assert bridge.proc.stdin is not None
+            await bridge.proc.stdin.aclose()
+            assert await bridge.proc.wait() == 0
+            await wait_gone(pids["a"])
+            assert not alive(pids["a"])
+
+
+async def test_a_killed_bridge_leaves_no_agent_or_grandchild_behind(tmp_path):
+    """SIGKILL the bridge: the reaper takes its agents' whole process groups down."""
+    pidfile = tmp_path / "grandchild.pid"
+    # An agent that leaves a grandchild running and ignores SIGTERM-free stdin EOF is moot:
+    # the grandchild holds no pipe of ours, so only the process-group kill can catch it.
+    script = f"sleep 1000 & echo $! > {shlex.quote(str(pidfile))}; exec {DEMO}"
+    agent = "a=" + shlex.join(["sh", "-c", script])
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            bridge = await open_bridge_process(nursery, agent)
+            pids = await agent_pids(bridge)
+            grandchild = int(pidfile.read_text())
+            assert alive(pids["a"])
+            assert alive(grandchild)
+            bridge.proc.kill()
+            await bridge.proc.wait()
+            with trio.fail_after(5):
+                await wait_gone(pids["a"])
+                await wait_gone(grandchild)
+            assert not alive(grandchild)
+
+
+async def test_stdout_carries_protocol_only_even_when_the_agent_cannot_start():
+    """A broken agent command: initialize fails with a clear error, stdout stays JSON-RPC."""
+    argv = [sys.executable, "-m", "acp_bridge", "stdio", "--agent", "x=/nonexistent/agent --x"]
+    request = dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    )
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            argv, stdin=request, capture_stdout=True, capture_stderr=True
+        )
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    msg = loads(lines[0])
+    assert msg["id"] == 1
+    assert "cannot start agent 'x'" in msg["error"]["message"]
+    assert b"agent_start_failed" in result.stderr

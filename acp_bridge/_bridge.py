@@ -55,7 +55,7 @@ from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._routing import Forwarded, PendingTable, Session, SessionState, SessionTable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from acp_bridge._config import AgentConfig, Config
 
@@ -212,6 +212,16 @@ class ClientLink:
     async def pump(self, stream: trio.abc.SendStream) -> None:
         """Write queued messages to ``stream`` until the link closes (batched writes)."""
         await _pump(self._receive, stream)
+
+    async def pump_messages(self, send: Callable[[bytes], Awaitable[object]]) -> None:
+        """
+        Hand each queued message to ``send``, one at a time, until the link closes.
+
+        For message transports (WebSocket: one text frame per message): ``send`` gets one
+        JSON text, UTF-8, without the trailing newline.
+        """
+        async for data in self._receive:
+            await send(data[:-1])
 
 
 async def _pump(receive: trio.MemoryReceiveChannel[bytes], stream: trio.abc.SendStream) -> None:
@@ -381,6 +391,15 @@ class Bridge:
             if session.client is client:
                 session.client = None
                 session.pending_permissions.clear()
+
+    def health(self) -> tuple[bool, JsonObject]:
+        """Whether the default agent can serve now, and every agent's state (for /healthz)."""
+        ok = self.agents[self.default_agent].state is AgentState.READY
+        agents = {
+            a.name: {"state": a.state.value, "pid": a.pid, "starts": a.starts}
+            for a in self.agents.values()
+        }
+        return ok, {"ok": ok, "defaultAgent": self.default_agent, "agents": agents}
 
     # ------------------------------------------------------------------ client → bridge
 

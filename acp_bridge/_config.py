@@ -123,25 +123,30 @@ class BridgeConfig:
         max_line_bytes: the longest protocol line accepted from any peer.
         client_queue: bounded outbound queue to a client, in messages.
         agent_queue: bounded outbound queue to an agent, in messages.
-        request_timeout: seconds before a forwarded request fails; ``None``: never.
         restart_backoff_initial: first delay before restarting a dead agent.
         restart_backoff_max: cap on that delay as it doubles.
         crash_loop_limit: restarts within ``crash_loop_window`` before giving up.
         crash_loop_window: seconds.
         stop_grace: seconds after closing an agent's stdin before SIGTERM, and again before
             SIGKILL.
+        detach_grace: seconds a session outlives the connection that owned it (its agent
+            keeps working; a new connection takes it back with session/resume or load).
+        history_limit: updates the bridge keeps per session for session/load replay.
+        history_bytes: bytes of updates kept per session for replay (the older are trimmed).
     """
 
     default_agent: str | None = None
     max_line_bytes: int = 16 * 1024 * 1024
     client_queue: int = 1024
     agent_queue: int = 256
-    request_timeout: float | None = None
     restart_backoff_initial: float = 0.5
     restart_backoff_max: float = 30.0
     crash_loop_limit: int = 5
     crash_loop_window: float = 60.0
     stop_grace: float = 2.0
+    detach_grace: float = 300.0
+    history_limit: int = 10_000
+    history_bytes: int = 16 * 1024 * 1024
 
 
 @attrs.frozen
@@ -500,11 +505,9 @@ def _check(config: Config) -> list[str]:
     need(bridge.max_line_bytes >= 1024, "bridge.max_line_bytes", "must be at least 1024")
     need(bridge.client_queue >= 1, "bridge.client_queue", "must be at least 1")
     need(bridge.agent_queue >= 1, "bridge.agent_queue", "must be at least 1")
-    need(
-        bridge.request_timeout is None or bridge.request_timeout > 0,
-        "bridge.request_timeout",
-        "must be positive (leave it out for no timeout)",
-    )
+    need(bridge.detach_grace >= 0, "bridge.detach_grace", "must not be negative")
+    need(bridge.history_limit >= 0, "bridge.history_limit", "must not be negative")
+    need(bridge.history_bytes >= 0, "bridge.history_bytes", "must not be negative")
     need(bridge.restart_backoff_initial > 0, "bridge.restart_backoff_initial", "must be positive")
     need(
         bridge.restart_backoff_max >= bridge.restart_backoff_initial,

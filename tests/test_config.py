@@ -85,7 +85,7 @@ def test_numbers_and_optional_values_structure():
     config = parse(
         MINIMAL
         + 'args = ["a", "b c"]\nenv = {API_KEY = "k", LANG = "C"}\nstart_timeout = 5\n'
-        + "[bridge]\nrequest_timeout = 10\nstop_grace = 0\n"
+        + "[bridge]\nrestart_backoff_max = 10\nstop_grace = 0\n"
         + '[websocket]\nport = 0\ntoken = "t"\nallowed_origins = ["https://x"]\n'
         + '[policy]\ndefault = "deny"\n[store]\npath = ":memory:"\n'
     )
@@ -94,8 +94,8 @@ def test_numbers_and_optional_values_structure():
     assert dict(agent.env) == {"API_KEY": "k", "LANG": "C"}
     assert agent.start_timeout == 5.0
     assert isinstance(agent.start_timeout, float)
-    assert config.bridge.request_timeout == 10.0
-    assert isinstance(config.bridge.request_timeout, float)
+    assert config.bridge.restart_backoff_max == 10.0
+    assert isinstance(config.bridge.restart_backoff_max, float)
     assert config.websocket.allowed_origins == ("https://x",)
     assert config.policy.default == "deny"
     assert config.store.path == ":memory:"
@@ -168,8 +168,8 @@ def test_unknown_key_message_names_the_file(tmp_path):
         (MINIMAL + "[bridge]\nclient_queue = 1.5\n", "bridge.client_queue: expected an integer"),
         (MINIMAL + "[bridge]\nagent_queue = true\n", "bridge.agent_queue: expected an integer"),
         (
-            MINIMAL + "[bridge]\nrequest_timeout = 'x'\n",
-            "bridge.request_timeout: expected a number",
+            MINIMAL + "[bridge]\nrestart_backoff_max = 'x'\n",
+            "bridge.restart_backoff_max: expected a number",
         ),
         (MINIMAL + "[websocket]\nport = '8765'\n", "websocket.port: expected an integer"),
         ("bridge = 3\n" + MINIMAL, "bridge: expected a table"),

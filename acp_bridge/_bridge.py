@@ -52,7 +52,14 @@ from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._jsonrpc import request as request_msg
 from acp_bridge._jsonrpc import result as result_msg
-from acp_bridge._routing import Forwarded, PendingTable, Session, SessionState, SessionTable
+from acp_bridge._routing import (
+    Forwarded,
+    History,
+    PendingTable,
+    Session,
+    SessionState,
+    SessionTable,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -155,6 +162,8 @@ class ClientLink:
         self.inflight: dict[JsonRpcId, tuple[AgentLink, int]] = {}
         self.capabilities: JsonObject = {}
         self.initialized = False
+        #: opted in to ``_meta.acp_bridge.seq`` on every relayed session/update
+        self.want_seq = False
         self.closed = False
         self.close_reason: str | None = None
         self._idle: trio.Event | None = None
@@ -305,14 +314,8 @@ class AgentLink:
 
 
 def _agent_selector(params: JsonObject) -> str | None:
-    meta = params.get("_meta")
-    if isinstance(meta, dict):
-        ours = meta.get("acp_bridge")
-        if isinstance(ours, dict):
-            agent = ours.get("agent")
-            if isinstance(agent, str):
-                return agent
-    return None
+    agent = _bridge_meta(params).get("agent")
+    return agent if isinstance(agent, str) else None
 
 
 def _encode_cursor(agent_index: int, cursor: str | None) -> str:
@@ -357,6 +360,9 @@ class Bridge:
         self.clients: set[ClientLink] = set()
         self._nursery: trio.Nursery | None = None
         self._client_capabilities: JsonObject = {}
+        #: detached sessions, closed when their deadline passes (see _grace_keeper)
+        self._detached: set[Session] = set()
+        self._detached_changed = trio.Event()
         self.log = logger
 
     # ------------------------------------------------------------------ lifetime
@@ -365,6 +371,7 @@ class Bridge:
         """Run until cancelled; agents are stopped when it ends."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._grace_keeper)
             task_status.started(self)
             await trio.sleep_forever()
 
@@ -378,19 +385,151 @@ class Bridge:
         return link
 
     async def close_client(self, client: ClientLink, reason: str) -> None:
-        """The client is gone: its agent requests are answered for it, its sessions detach."""
+        """
+        The client is gone: its sessions detach for ``detach_grace`` seconds.
+
+        Agents keep working; what they relay is kept in each session's history. Requests the
+        agents had made of this client are parked and shown again to the connection that
+        takes the session back, or answered as unattended when the grace period ends.
+        """
         client.close(reason)
         self.clients.discard(client)
         for _, entry in client.pending.drain():
             agent = entry.origin
             assert isinstance(agent, AgentLink)
             agent.inflight.pop(entry.origin_id, None)
-            await self._answer_unattended(agent, entry.origin_id, entry.method, entry.context)
+            if entry.session is not None and entry.session.client is client:
+                entry.session.parked.append(entry)
+            else:
+                await self._answer_unattended(agent, entry.origin_id, entry.method, entry.context)
+        # The client's own requests stay out at the agents: their answers go to whoever
+        # takes the session back (same ids: what the attach shim relies on), else nowhere.
         client.inflight.clear()
         for session in self.sessions:
             if session.client is client:
-                session.client = None
-                session.pending_permissions.clear()
+                await self._detach(session)
+
+    async def _detach(self, session: Session) -> None:
+        session.client = None
+        session.pending_permissions.clear()
+        grace = self.config.bridge.detach_grace
+        self.log.info("session_detached", session=session.bridge_id, grace=grace)
+        if grace <= 0:
+            await self._expire(session)
+            return
+        session.detach_deadline = trio.current_time() + grace
+        self._detached.add(session)
+        self._detached_changed.set()
+
+    async def _grace_keeper(self) -> None:
+        """Close detached sessions whose grace period is over (one task for all of them)."""
+        while True:
+            self._detached_changed = trio.Event()
+            if not self._detached:
+                await self._detached_changed.wait()
+                continue
+            session = min(self._detached, key=lambda s: s.detach_deadline or 0.0)
+            assert session.detach_deadline is not None
+            with trio.move_on_at(session.detach_deadline) as waiting:
+                await self._detached_changed.wait()
+            if waiting.cancelled_caught and session in self._detached:
+                self._detached.discard(session)
+                await self._expire(session)
+
+    async def _expire(self, session: Session) -> None:
+        """Nobody took the session back in time: settle what waits on it, close it."""
+        session.detach_deadline = None
+        agent = self.agents[session.agent]
+        parked, session.parked = session.parked, []
+        for entry in parked:
+            await self._answer_unattended(agent, entry.origin_id, entry.method, entry.context)
+        self.sessions.remove(session)
+        self.log.info("session_closed_after_grace", session=session.bridge_id, agent=agent.name)
+        if agent.state is AgentState.READY:
+            if _has_session_cap(agent.capabilities, "close"):
+                self._spawn(self._close_quietly, agent, session.agent_id)
+            else:
+                agent.send_nowait(
+                    dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
+                )
+
+    async def _close_quietly(self, agent: AgentLink, agent_sid: str) -> None:
+        try:
+            await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
+        except JsonRpcError as exc:
+            self.log.warning("session_close_failed", agent=agent.name, error=exc.message)
+
+    def _take_ownership(self, session: Session, client: ClientLink) -> ClientLink | None:
+        """
+        Make ``client`` the session's owner (synchronous: nothing may slip in between).
+
+        Requests of closed connections still out at the agent for this session are answered
+        to the new owner. Returns the previous owner if it is still connected (taken over).
+        """
+        previous: ClientLink | None = session.client
+        if session in self._detached:
+            self._detached.discard(session)
+            self._detached_changed.set()
+        session.detach_deadline = None
+        session.client = client
+        session.state = SessionState.ACTIVE
+        agent = self.agents[session.agent]
+        for bridge_id, entry in agent.pending.find(
+            lambda e: isinstance(e, Forwarded) and e.session is session
+        ):
+            assert isinstance(entry, Forwarded)
+            if entry.origin is not client and entry.origin.closed:
+                entry.origin = client
+                client.inflight[entry.origin_id] = (agent, bridge_id)
+        if previous is not None and previous is not client and not previous.closed:
+            # Its unanswered requests of the agent move with the session.
+            for client_id, shown in previous.pending.find(lambda e: e.session is session):
+                previous.pending.pop(client_id)
+                session.parked.append(shown)
+            return previous
+        return None
+
+    async def _present_parked(self, session: Session, client: ClientLink) -> None:
+        """Show the new owner the agent requests that were waiting on the old one."""
+        parked, session.parked = session.parked, []
+        session.pending_permissions.clear()
+        for entry in parked:
+            agent = entry.origin
+            assert isinstance(agent, AgentLink)
+            client_id = client.pending.add(entry)
+            agent.inflight[entry.origin_id] = (client, client_id)
+            if entry.method == "session/request_permission":
+                session.pending_permissions.add(client_id)
+            await client.send(dumps(request_msg(client_id, entry.method, entry.context)))
+
+    async def _attach(self, session: Session, client: ClientLink) -> None:
+        previous = self._take_ownership(session, client)
+        if previous is not None:
+            self.log.info("session_taken_over", session=session.bridge_id)
+            await self.send_log(
+                previous,
+                "warning",
+                "session taken over by another connection; this one no longer receives it",
+                session=session,
+            )
+        await self._present_parked(session, client)
+
+    async def send_log(
+        self,
+        client: ClientLink,
+        level: str,
+        message: str,
+        *,
+        session: Session | None = None,
+        **data: Any,
+    ) -> None:
+        """A ``_acp_bridge/log`` notification (shaped after ACP RFD #392) to one client."""
+        params: JsonObject = {"level": level, "logger": "acp_bridge"}
+        if session is not None:
+            params["sessionId"] = session.bridge_id
+            data.setdefault("agent", session.agent)
+        params["data"] = {"message": message, **data}
+        await client.send(dumps(notification_msg("_acp_bridge/log", params)))
 
     def health(self) -> tuple[bool, JsonObject]:
         """Whether the default agent can serve now, and every agent's state (for /healthz)."""
@@ -474,6 +613,7 @@ class Bridge:
         params = params_of(msg)
         caps = params.get("clientCapabilities")
         client.capabilities = caps if isinstance(caps, dict) else {}
+        client.want_seq = _bridge_meta(params).get("seq") is True
         self._client_capabilities = client.capabilities
         default = self.agents[self.default_agent]
         try:
@@ -503,16 +643,22 @@ class Bridge:
 
     def _advertised_capabilities(self, default: AgentLink) -> JsonObject:
         """
-        What the bridge advertises: the default agent's capabilities, as it is up now.
+        What the bridge advertises: the default agent's capabilities, as it is up now, plus
+        what the bridge serves itself for every agent: ``loadSession`` and
+        ``sessionCapabilities.resume``/``close`` for live sessions (replay from its own
+        history; resume and close without the agent when it lacks them).
 
-        Sessions on other agents are gated per call against their own agent's capabilities
-        (-32601 when it lacks one); ``_acp_bridge/agents`` lists each agent's.
+        Other calls on sessions of other agents are gated against their own agent's
+        capabilities (-32601 when it lacks one); ``_acp_bridge/agents`` lists each agent's.
         """
         caps = dict(default.capabilities)
+        caps["loadSession"] = True
+        session_caps = dict(caps.get("sessionCapabilities") or {})
+        session_caps["resume"] = {}
+        session_caps["close"] = {}
         if any(_has_session_cap(a.capabilities, "list") for a in self.agents.values()):
-            session_caps = dict(caps.get("sessionCapabilities") or {})
             session_caps["list"] = {}
-            caps["sessionCapabilities"] = session_caps
+        caps["sessionCapabilities"] = session_caps
         return caps
 
     async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
@@ -577,11 +723,29 @@ class Bridge:
             raise JsonRpcError.invalid_params("sessionId must be a string")
         session = self.sessions.get(sid)
         if session is None:
-            if method != "session/load":
-                raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
-            await self._load_unknown(client, msg, params, sid)
-            return
+            if method in ("session/load", "session/resume"):
+                await self._load_unknown(client, msg, params, sid)
+                return
+            if method == "session/delete":
+                await client.send(dumps(result_msg(msg["id"], {})))  # unknown: silently fine
+                return
+            raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
         agent = self.agents[session.agent]
+        live = session.state is SessionState.ACTIVE and agent.state is AgentState.READY
+        if live and method in ("session/load", "session/resume"):
+            await self._reattach(client, msg, params, session)
+            return
+        if live and method == "session/close" and not _has_session_cap(agent.capabilities, "close"):
+            await self._close_without_agent(client, msg, session, agent)
+            return
+        owner = session.client
+        if owner is not None and owner is not client and not owner.closed:
+            raise JsonRpcError.invalid_request(
+                f"session {sid!r} is attached to another connection; "
+                "take it over with session/resume or session/load"
+            )
+        if owner is None and live:
+            await self._attach(session, client)
         if agent.state is not AgentState.READY:
             if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
                 self._spawn(self._session_request_when_ready, client, msg, params, session)
@@ -619,6 +783,7 @@ class Bridge:
             )
         if method == "session/prompt":
             _check_prompt_content(agent, params)
+            self._remember_prompt(session, params)
         elif method in ("session/load", "session/resume", "session/fork"):
             self._strip_unsupported_setup(agent, params)
             if method == "session/load":
@@ -633,6 +798,96 @@ class Bridge:
         if session.rewrite:
             params["sessionId"] = session.agent_id
         await self._forward(client, msg, agent, session)
+
+    async def _reattach(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        """
+        ``session/load`` / ``session/resume`` of a live session, served by the bridge.
+
+        load replays the session's history (after ``_meta.acp_bridge.after_seq`` if given),
+        then answers; resume answers at once. Either way the client becomes the owner, and
+        agent requests waiting on a previous connection are shown to it.
+        """
+        after = 0
+        if msg["method"] == "session/load":
+            value = _bridge_meta(params).get("after_seq")
+            if value is not None and (type(value) is not int or value < 0):
+                raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
+            after = value or 0
+        history = self._history(session)
+        result: JsonObject = dict(session.setup)
+        complete = True
+        if msg["method"] == "session/load":
+            entries, complete = history.after(after)
+            for seq, data in entries:
+                await client.send(self._stamped(client, seq, data))
+                after = seq
+            result["_meta"] = {"acp_bridge": {"lastSeq": history.last_seq, "complete": complete}}
+        else:
+            after = history.last_seq  # resume: no replay
+        await client.send(dumps(result_msg(msg["id"], result)))
+        # Updates that came in meanwhile were kept, not sent: send them, then switch the live
+        # stream over with no await in between (nothing lost, nothing twice).
+        while history.last_seq > after:
+            entries, caught_up = history.after(after)
+            complete = complete and caught_up
+            for seq, data in entries:
+                await client.send(self._stamped(client, seq, data))
+                after = seq
+        if not complete:
+            await self.send_log(
+                client,
+                "warning",
+                "history was trimmed: the replay is missing older updates (resync required)",
+                session=session,
+                firstSeq=history.first_seq,
+            )
+        await self._attach(session, client)
+
+    def _history(self, session: Session) -> History:
+        if session.history is None:
+            limits = self.config.bridge
+            session.history = History(
+                max_entries=limits.history_limit, max_bytes=limits.history_bytes
+            )
+        return session.history
+
+    def _stamped(self, client: ClientLink, seq: int, data: bytes) -> bytes:
+        """A history entry as this client gets it (with its seq number if it opted in)."""
+        if not client.want_seq:
+            return data
+        msg = loads(data)
+        _set_seq(msg["params"], seq)
+        return dumps(msg)
+
+    async def _close_without_agent(
+        self, client: ClientLink, msg: JsonObject, session: Session, agent: AgentLink
+    ) -> None:
+        """``session/close`` for an agent without it: cancel its work, forget the session."""
+        agent.send_nowait(
+            dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
+        )
+        await self._settle_permissions(session, "cancelled", "session/close")
+        self._detached.discard(session)
+        self.sessions.remove(session)
+        await client.send(dumps(result_msg(msg["id"], {})))
+
+    def _remember_prompt(self, session: Session, params: JsonObject) -> None:
+        """The user's prompt goes into the history as user_message_chunk updates (for load)."""
+        prompt = params.get("prompt")
+        if not isinstance(prompt, list):
+            return
+        history = self._history(session)
+        for block in prompt:
+            update = {"sessionUpdate": "user_message_chunk", "content": block}
+            history.append(
+                dumps(
+                    notification_msg(
+                        "session/update", {"sessionId": session.bridge_id, "update": update}
+                    )
+                )
+            )
 
     async def _load_unknown(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
@@ -1093,15 +1348,24 @@ class Bridge:
                 return
             self.log.warning("update_for_unknown_session", agent=agent.name, session=sid)
             return
+        assert type(params) is dict
+        if session.rewrite:
+            params["sessionId"] = session.bridge_id
+            data = dumps(msg)
+        else:
+            data = line + b"\n"
+        history = session.history
+        seq = history.append(data) if history is not None else 0
+        update = params.get("update")
+        if type(update) is dict and update.get("sessionUpdate") in _SETUP_UPDATES:
+            _track_setup(session, update)
         client = session.client
         if client is None:
             return
-        if session.rewrite:
-            assert type(params) is dict
-            params["sessionId"] = session.bridge_id
-            await client.send(dumps(msg))
-        else:
-            await client.send(line + b"\n")
+        if client.want_seq:
+            _set_seq(params, seq)
+            data = dumps(msg)
+        await client.send(data)
 
     async def _agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
         method: str = msg["method"]
@@ -1238,6 +1502,8 @@ class Bridge:
                 new = self.sessions.register(agent.name, result["sessionId"], client=client)
                 new.client = client
                 new.state = SessionState.ACTIVE
+                self._history(new)
+                _capture_setup(new, result)
                 if new.rewrite:
                     result["sessionId"] = new.bridge_id
                 early = self._take_early_updates(agent, new)
@@ -1245,13 +1511,21 @@ class Bridge:
             if ok:
                 session.state = SessionState.ACTIVE
                 session.client = client
+                _capture_setup(session, result)
             elif isinstance(entry.context, tuple):
                 session.state, session.client = entry.context
             else:
                 self.sessions.remove(session)
-        elif method == "session/resume" and session is not None and ok:
-            session.state = SessionState.ACTIVE
-            session.client = client
+        elif method == "session/resume" and session is not None:
+            if ok:
+                session.state = SessionState.ACTIVE
+                session.client = client
+                self._history(session)
+                _capture_setup(session, result)
+            elif session.state is SessionState.LOADING:
+                self.sessions.remove(session)
+        elif method == "session/set_config_option" and session is not None and ok:
+            _capture_setup(session, result)
         elif method in ("session/close", "session/delete") and session is not None and ok:
             self.sessions.remove(session)
         return early
@@ -1279,6 +1553,42 @@ class Bridge:
             if agent.stop_scope is not None and agent.state is not AgentState.STOPPED:
                 agent.state = AgentState.STOPPING
                 agent.stop_scope.cancel()
+
+
+_SETUP_UPDATES: Final = frozenset({"current_mode_update", "config_option_update"})
+
+
+def _track_setup(session: Session, update: JsonObject) -> None:
+    """Keep the session's current mode and config options as the agent reports them."""
+    if update.get("sessionUpdate") == "current_mode_update":
+        modes = session.setup.get("modes")
+        if isinstance(modes, dict) and isinstance(update.get("currentModeId"), str):
+            session.setup["modes"] = {**modes, "currentModeId": update["currentModeId"]}
+    elif isinstance(update.get("configOptions"), list):
+        session.setup["configOptions"] = update["configOptions"]
+
+
+def _capture_setup(session: Session, result: Any) -> None:
+    if isinstance(result, dict):
+        for key in ("modes", "configOptions"):
+            if key in result:
+                session.setup[key] = result[key]
+
+
+def _bridge_meta(params: JsonObject) -> JsonObject:
+    """``params._meta.acp_bridge`` (the bridge's own wire extensions), or {}."""
+    meta = params.get("_meta")
+    ours = meta.get("acp_bridge") if isinstance(meta, dict) else None
+    return ours if isinstance(ours, dict) else {}
+
+
+def _set_seq(params: JsonObject, seq: int) -> None:
+    """Stamp ``_meta.acp_bridge.seq`` on a session/update, keeping any other _meta."""
+    meta = params.get("_meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    ours = meta.get("acp_bridge")
+    meta["acp_bridge"] = {**ours, "seq": seq} if isinstance(ours, dict) else {"seq": seq}
+    params["_meta"] = meta
 
 
 def _id_of(msg: Any) -> JsonRpcId:
@@ -1312,34 +1622,44 @@ async def serve_client_stream(
     send: trio.abc.SendStream,
     *,
     name: str = "stdio",
+    linger: float | None = None,
 ) -> None:
     """
     Serve one client over a byte stream pair (stdio, or memory streams in tests) until EOF.
 
+    At end of input, requests already under way get ``linger`` seconds (default: the
+    bridge's ``stop_grace``) to finish and be written: a client that pipes its requests and
+    closes its stdin still gets its answers.
+
     Resource handling: returns when the client closes its side; does not close ``send``.
+    Its sessions are detached whatever way the connection ends.
     """
     client = bridge.open_client(name, blocking=True)
+    grace = bridge.config.bridge.stop_grace if linger is None else linger
     decoder = LineDecoder(max_line_bytes=bridge.config.bridge.max_line_bytes)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_pump_then_cancel, client, send, nursery.cancel_scope)
-        try:
-            while data := await receive.receive_some(READ_CHUNK):
-                for line in decoder.feed(data):
-                    await bridge.handle_client_line(client, line)
-            rest = decoder.feed_eof()
-            if rest is not None:
-                await bridge.handle_client_line(client, rest)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        # End of input: let requests already under way finish (bounded), write what is
-        # queued, then let go.
-        with trio.move_on_after(bridge.config.bridge.stop_grace):
-            await client.wait_idle()
-        await bridge.close_client(client, "end of input")
-        client.finish()
-        # The pump ends the nursery once the queue is written; a client that stopped
-        # reading gets the same grace, then is let go.
-        nursery.cancel_scope.deadline = trio.current_time() + bridge.config.bridge.stop_grace
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pump_then_cancel, client, send, nursery.cancel_scope)
+            try:
+                while data := await receive.receive_some(READ_CHUNK):
+                    for line in decoder.feed(data):
+                        await bridge.handle_client_line(client, line)
+                rest = decoder.feed_eof()
+                if rest is not None:
+                    await bridge.handle_client_line(client, rest)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            with trio.move_on_after(grace):
+                await client.wait_idle()
+            await bridge.close_client(client, "end of input")
+            client.finish()
+            # The pump ends the nursery once the queue is written; a client that stopped
+            # reading gets the same grace, then is let go.
+            nursery.cancel_scope.deadline = trio.current_time() + grace
+    finally:
+        if client in bridge.clients:
+            with trio.CancelScope(shield=True):
+                await bridge.close_client(client, "connection lost")
 
 
 async def _pump_then_cancel(

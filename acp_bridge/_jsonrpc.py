@@ -61,22 +61,28 @@ class JsonRpcError(Exception):
 
     @classmethod
     def parse_error(cls, detail: str | None = None) -> JsonRpcError:
-        return cls(PARSE_ERROR, "Parse error", {"detail": detail} if detail else None)
+        return cls(
+            PARSE_ERROR, _said("Parse error", detail), {"detail": detail} if detail else None
+        )
 
     @classmethod
     def invalid_request(cls, detail: str | None = None) -> JsonRpcError:
-        return cls(INVALID_REQUEST, "Invalid request", {"detail": detail} if detail else None)
+        return cls(
+            INVALID_REQUEST,
+            _said("Invalid request", detail),
+            {"detail": detail} if detail else None,
+        )
 
     @classmethod
     def method_not_found(cls, method: str, detail: str | None = None) -> JsonRpcError:
         data: JsonObject = {"method": method}
         if detail:
             data["detail"] = detail
-        return cls(METHOD_NOT_FOUND, "Method not found", data)
+        return cls(METHOD_NOT_FOUND, _said("Method not found", detail or method), data)
 
     @classmethod
     def invalid_params(cls, detail: str) -> JsonRpcError:
-        return cls(INVALID_PARAMS, "Invalid params", {"detail": detail})
+        return cls(INVALID_PARAMS, _said("Invalid params", detail), {"detail": detail})
 
     @classmethod
     def internal_error(cls, detail: str | None = None, **data: Any) -> JsonRpcError:
@@ -91,7 +97,12 @@ class JsonRpcError(Exception):
 
     @classmethod
     def resource_not_found(cls, detail: str) -> JsonRpcError:
-        return cls(RESOURCE_NOT_FOUND, "Resource not found", {"detail": detail})
+        return cls(RESOURCE_NOT_FOUND, _said("Resource not found", detail), {"detail": detail})
+
+
+def _said(name: str, detail: str | None) -> str:
+    """An error message that carries its detail: "Invalid params: cwd must be absolute"."""
+    return f"{name}: {detail}" if detail else name
 
 
 def loads(line: bytes | str) -> Any:

@@ -14,6 +14,7 @@ agent and the client, never meet.
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -38,6 +39,53 @@ class SessionState(enum.Enum):
     ENDED = "ended"
 
 
+class History:
+    """
+    The updates of one session as the bridge relayed them, numbered, for replay.
+
+    Every entry gets the next sequence number (from 1). Bounded by count and bytes: past
+    either bound the oldest entries are trimmed, and :meth:`after` says when what was asked
+    for is no longer all there.
+    """
+
+    __slots__ = ("_bytes", "_entries", "last_seq", "max_bytes", "max_entries")
+
+    def __init__(self, *, max_entries: int, max_bytes: int) -> None:
+        self._entries: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._bytes = 0
+        self.last_seq = 0
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest sequence number still kept (last_seq + 1 when empty)."""
+        return self._entries[0][0] if self._entries else self.last_seq + 1
+
+    def append(self, data: bytes) -> int:
+        """Keep one relayed message (a whole line); return its sequence number."""
+        self.last_seq += 1
+        entries = self._entries
+        entries.append((self.last_seq, data))
+        self._bytes += len(data)
+        while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
+            self._bytes -= len(entries.popleft()[1])
+        return self.last_seq
+
+    def after(self, seq: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """
+        Entries with a sequence number above ``seq``, and whether that is all of them.
+
+        ``complete`` is False when entries after ``seq`` were trimmed already: the caller
+        must tell its client to resync instead of pretending nothing is missing.
+        """
+        complete = seq + 1 >= self.first_seq
+        return [(n, d) for n, d in self._entries if n > seq], complete
+
+
 @attrs.define(eq=False, slots=True)
 class Session:
     """One session as the bridge routes it."""
@@ -52,6 +100,14 @@ class Session:
     rewrite: bool = False
     #: ids (on the client link) of permission requests the client has not answered yet
     pending_permissions: set[int] = attrs.field(factory=set)
+    #: what the bridge relayed, for session/load replay (None: not recorded)
+    history: History | None = None
+    #: modes / configOptions as last reported, to answer load and resume without the agent
+    setup: dict[str, Any] = attrs.field(factory=dict)
+    #: agent requests that were waiting on a client that went away: shown again on reattach
+    parked: list[Any] = attrs.field(factory=list)
+    #: when a detached session is closed (clock seconds), None while attached
+    detach_deadline: float | None = None
 
 
 class SessionTable:

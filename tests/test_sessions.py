@@ -1,0 +1,246 @@
+"""Sessions outlive connections: detach, reattach with load or resume, takeover, grace."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from .fakes import FakeAgent, connect, open_bridge
+
+
+def texts(client, sid):
+    """Every update of a session as the client saw it: ("user"|"agent", text), in order."""
+    out = []
+    for m in client.received:
+        if m.get("method") == "session/update" and m["params"]["sessionId"] == sid:
+            update = m["params"]["update"]
+            who = "user" if update["sessionUpdate"] == "user_message_chunk" else "agent"
+            out.append((who, update["content"]["text"]))
+    return out
+
+
+async def test_bridge_serves_load_of_a_live_session_from_its_history_then_answers():
+    a = FakeAgent("a", capabilities={})  # no loadSession: the bridge serves it anyway
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 3")
+        before = len(client.received)
+        response = await client.request(
+            "session/load", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+        )
+        replay = client.received[before : client.received.index(response)]
+        assert [m["params"]["update"]["content"]["text"] for m in replay] == [
+            "count 3",
+            "a:s1:0",
+            "a:s1:1",
+            "a:s1:2",
+        ]
+        assert response["result"]["_meta"]["acp_bridge"] == {"lastSeq": 4, "complete": True}
+        assert not [m for m in a.received if m.get("method") == "session/load"]
+
+
+async def test_disconnect_mid_turn_then_load_gives_every_update_once_in_order():
+    """The load replays all, the open prompt's answer reaches the new connection."""
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, initialize=False) as (first, bridge):
+        await first.initialize(seq=True)
+        sid = await first.new_session()
+        await first.prompt(sid, "count 2")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                first.request,
+                "session/prompt",
+                {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]},
+            )
+            await first.wait_for(lambda m: "waiting" in str(m))
+            seen_by_first = first.seqs(sid)
+            await first.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            assert bridge.sessions.get(sid).client is None
+            # The agent goes on while nobody is attached.
+            await a.update("s1", "while-detached")
+            second = await connect(bridge, nursery, seq=True)
+            await second.request(
+                "session/load",
+                {
+                    "sessionId": sid,
+                    "cwd": "/w",
+                    "mcpServers": [],
+                    "_meta": {"acp_bridge": {"after_seq": seen_by_first[-1]}},
+                },
+            )
+            await a.update("s1", "live-after")
+            await second.notify("session/cancel", {"sessionId": sid})
+            # The prompt the first connection sent is answered on the second (same id).
+            answer = await second.wait_for(lambda m: m.get("result", {}).get("stopReason"))
+            assert answer["result"]["stopReason"] == "cancelled"
+            # Strictly increasing: nothing twice. (Numbers the live stream skips belong to
+            # the user's prompts, which only a load replays.)
+            all_seqs = seen_by_first + second.seqs(sid)
+            assert all_seqs == sorted(set(all_seqs))
+            assert texts(first, sid) + texts(second, sid) == [
+                ("agent", "a:s1:0"),
+                ("agent", "a:s1:1"),
+                ("agent", "a:s1:waiting"),
+                ("agent", "while-detached"),
+                ("agent", "live-after"),
+            ]
+            nursery.cancel_scope.cancel()
+
+
+async def test_resume_gives_no_replay_and_live_updates_continue():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (first, bridge):
+        sid = await first.new_session()
+        await first.prompt(sid, "count 2")
+        await first.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery:
+            second = await connect(bridge, nursery)
+            result = await second.call(
+                "session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+            )
+            assert "sessionId" not in result
+            assert texts(second, sid) == []
+            await second.prompt(sid, "count 1")
+            assert second.updates(sid) == ["a:s1:0"]
+            assert not [m for m in a.received if m.get("method") == "session/resume"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_detached_session_is_closed_when_the_grace_period_ends(autojump_clock):
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, detach_grace=30.0) as (first, bridge):
+        sid = await first.new_session()
+        await first.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        assert bridge.sessions.get(sid) is not None
+        await trio.sleep(29.9)
+        assert bridge.sessions.get(sid) is not None
+        await trio.sleep(0.2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert bridge.sessions.get(sid) is None
+        closes = [m for m in a.received if m.get("method") == "session/close"]
+        assert closes[0]["params"] == {"sessionId": "s1"}
+        async with trio.open_nursery() as nursery:
+            second = await connect(bridge, nursery)
+            response = await second.request(
+                "session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+            )
+            # Gone from the bridge: resume goes to the agent, which closed it.
+            assert response["error"]["code"] == -32002
+            nursery.cancel_scope.cancel()
+
+
+async def test_reattaching_within_grace_keeps_the_session(autojump_clock):
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, detach_grace=30.0) as (first, bridge):
+        sid = await first.new_session()
+        await first.disconnect()
+        await trio.sleep(20)
+        async with trio.open_nursery() as nursery:
+            second = await connect(bridge, nursery)
+            await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            await trio.sleep(100)
+            assert bridge.sessions.get(sid).client is not None
+            assert not [m for m in a.received if m.get("method") == "session/close"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_second_connection_takes_a_live_session_over():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (first, bridge):
+        sid = await first.new_session()
+        async with trio.open_nursery() as nursery:
+            second = await connect(bridge, nursery)
+            await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            told = await first.wait_for(lambda m: m.get("method") == "_acp_bridge/log")
+            assert told["params"]["sessionId"] == sid
+            assert "taken over" in told["params"]["data"]["message"]
+            refused = await first.prompt(sid, "count 1")
+            assert "another connection" in refused["error"]["message"]
+            await second.prompt(sid, "count 2")
+            assert second.updates(sid) == ["a:s1:0", "a:s1:1"]
+            assert first.updates(sid) == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_pending_permission_is_shown_again_to_the_connection_that_reattaches():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (first, bridge):
+        sid = await first.new_session()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.prompt, sid, "permission")
+            await first.agent_requests.receive()
+            await first.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            second = await connect(bridge, nursery)
+            await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            shown = await second.agent_requests.receive()
+            assert shown["method"] == "session/request_permission"
+            assert shown["params"]["sessionId"] == sid
+            await second.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": shown["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
+                }
+            )
+            await second.wait_for(lambda m: "a:outcome:yes" in str(m))
+            nursery.cancel_scope.cancel()
+
+
+async def test_pending_permission_is_denied_when_nobody_comes_back(autojump_clock):
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, detach_grace=10.0) as (first, _):
+        sid = await first.new_session()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.prompt, sid, "permission")
+            await first.agent_requests.receive()
+            await first.disconnect()
+            nursery.cancel_scope.cancel()
+        await trio.sleep(11)
+        outcomes = [
+            m["result"]["outcome"] for m in a.received if "result" in m and "outcome" in m["result"]
+        ]
+        # Denied with the agent's own reject option; never allowed.
+        assert outcomes == [{"outcome": "selected", "optionId": "no"}]
+
+
+async def test_close_of_an_agent_without_close_cancels_and_forgets_the_session():
+    a = FakeAgent("a", capabilities={})
+    async with open_bridge({"a": a}) as (client, bridge):
+        sid = await client.new_session()
+        assert await client.call("session/close", {"sessionId": sid}) == {}
+        assert bridge.sessions.get(sid) is None
+        assert a.cancelled == {"s1"}
+        response = await client.prompt(sid, "count 1")
+        assert response["error"]["code"] == -32002
+
+
+async def test_bridge_advertises_load_resume_and_close_for_every_agent():
+    async with open_bridge({"a": FakeAgent("a", capabilities={})}, initialize=False) as (c, _):
+        result = await c.call("initialize", {"protocolVersion": 1})
+        caps = result["agentCapabilities"]
+        assert caps["loadSession"] is True
+        assert caps["sessionCapabilities"]["resume"] == {}
+        assert caps["sessionCapabilities"]["close"] == {}
+
+
+async def test_history_trimmed_load_says_resync_required():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, history_limit=3) as (client, _):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 5")
+        response = await client.request(
+            "session/load",
+            {
+                "sessionId": sid,
+                "cwd": "/w",
+                "mcpServers": [],
+                "_meta": {"acp_bridge": {"after_seq": 1}},
+            },
+        )
+        assert response["result"]["_meta"]["acp_bridge"]["complete"] is False
+        warning = await client.wait_for(lambda m: m.get("method") == "_acp_bridge/log")
+        assert "resync required" in warning["params"]["data"]["message"]

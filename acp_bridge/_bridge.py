@@ -345,11 +345,22 @@ class Bridge:
     Args:
         config: the configuration (agents, limits).
         launcher: how agents are started (a real subprocess launcher, or fakes in tests).
+        agent_client_capabilities: the ``clientCapabilities`` every agent is initialized
+            with. None (stdio): those of the client whose ``initialize`` started it. A daemon
+            serving many clients passes what it can relay to any of them (fs, terminal); each
+            call is still gated on the capabilities of the client attached to the session.
     """
 
-    def __init__(self, config: Config, launcher: Launcher) -> None:
+    def __init__(
+        self,
+        config: Config,
+        launcher: Launcher,
+        *,
+        agent_client_capabilities: JsonObject | None = None,
+    ) -> None:
         self.config = config
         self._launcher = launcher
+        self._fixed_client_capabilities = agent_client_capabilities
         limits = config.bridge
         self.agents: dict[str, AgentLink] = {
             name: AgentLink(config=agent, queue_size=limits.agent_queue)
@@ -1179,9 +1190,10 @@ class Bridge:
             agent.exited.set()
 
     async def _handshake(self, agent: AgentLink, eof: trio.Event) -> None:
+        caps = self._fixed_client_capabilities
         params: JsonObject = {
             "protocolVersion": PROTOCOL_VERSION,
-            "clientCapabilities": self._client_capabilities,
+            "clientCapabilities": self._client_capabilities if caps is None else caps,
             "clientInfo": {"name": "acp-bridge", "version": __version__},
         }
         result: Any = None

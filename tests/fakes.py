@@ -368,13 +368,19 @@ def make_config(agents: dict[str, FakeAgent], **bridge: Any) -> Config:
 
 @contextlib.asynccontextmanager
 async def open_bridge(
-    agents: dict[str, FakeAgent], *, initialize: bool = True, **bridge: Any
+    agents: dict[str, FakeAgent],
+    *,
+    initialize: bool = True,
+    agent_client_capabilities: dict[str, Any] | None = None,
+    **bridge: Any,
 ) -> AsyncIterator[tuple[TestClient, Bridge]]:
     """A bridge over fake agents with one client attached (initialized unless told not to)."""
     config = make_config(agents, **bridge)
     launcher = make_in_process_launcher(dict(agents))
     async with trio.open_nursery() as nursery:
-        b: Bridge = await nursery.start(Bridge(config, launcher).run)
+        b: Bridge = await nursery.start(
+            Bridge(config, launcher, agent_client_capabilities=agent_client_capabilities).run
+        )
         client_side, bridge_side = trio.testing.memory_stream_pair()
         nursery.start_soon(
             functools.partial(serve_client_stream, b, bridge_side, bridge_side, linger=0)

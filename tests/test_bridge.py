@@ -6,6 +6,8 @@ import functools
 
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from acp_bridge._bridge import AgentState
 
@@ -413,3 +415,87 @@ async def test_agents_request_lists_states_and_capabilities():
         assert result["default"] == "a"
         states = {agent["name"]: agent["state"] for agent in result["agents"]}
         assert states == {"a": "ready", "b": "stopped"}
+
+
+async def test_daemon_capabilities_for_agents_are_still_gated_per_client():
+    """Agents may be told fs is there (a daemon serves many clients); a client without it
+    still never gets the call: the agent gets -32601."""
+    a = FakeAgent("a")
+    fixed = {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": True}
+    async with open_bridge({"a": a}, initialize=False, agent_client_capabilities=fixed) as (
+        client,
+        _,
+    ):
+        await client.initialize()  # this client has no fs
+        assert a.client_capabilities == fixed
+        sid = await client.new_session()
+        await client.prompt(sid, "read /w/x")
+        [update] = client.updates(sid)
+        assert "-32601" in update
+        assert not client.agent_requests.statistics().current_buffer_used
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    plan=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),  # the session's agent (all mint s1, s2, ...)
+            st.one_of(st.integers(1, 4), st.just("permission")),  # what its prompt does
+            st.booleans(),  # the prompt's request id as a number (True) or a string
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+async def test_property_colliding_ids_never_misroute(plan):
+    """Concurrent prompts on sessions whose agent ids collide, request ids 1 and "1" side by
+    side, agents' own request ids all equal: every response keeps its id and type, every
+    session gets exactly its own updates in order, every permission answer reaches the agent
+    that asked."""
+    agents = {name: FakeAgent(name) for name in ("a", "b", "c")}
+    async with open_bridge(agents) as (client, _):
+        sids = [await client.new_session(agent) for agent, _, _ in plan]
+        assert len(set(sids)) == len(sids)
+        responses = {}
+
+        async def run(index, action, numeric):
+            text = "permission" if action == "permission" else f"count {action}"
+            params = {"sessionId": sids[index], "prompt": [{"type": "text", "text": text}]}
+            req_id = index if numeric else str(index)
+            responses[index] = await client.request("session/prompt", params, id=req_id)
+
+        async def answer_permissions():
+            async for req in client.agent_requests:
+                index = sids.index(req["params"]["sessionId"])
+                choice = "yes" if index % 2 == 0 else "no"
+                await client.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": req["id"],
+                        "result": {"outcome": {"outcome": "selected", "optionId": choice}},
+                    }
+                )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer_permissions)
+            async with trio.open_nursery() as prompts:
+                for index, (_, action, numeric) in enumerate(plan):
+                    prompts.start_soon(run, index, action, numeric)
+            nursery.cancel_scope.cancel()
+        for index, (agent, action, numeric) in enumerate(plan):
+            response = responses[index]
+            assert response["id"] == (index if numeric else str(index))
+            assert type(response["id"]) is (int if numeric else str)
+            assert response["result"]["stopReason"] == "end_turn"
+            agent_sid = _agent_sid(agents[agent], index, sids, plan)
+            if action == "permission":
+                expected = [f"{agent}:outcome:{'yes' if index % 2 == 0 else 'no'}"]
+            else:
+                expected = [f"{agent}:{agent_sid}:{i}" for i in range(action)]
+            assert client.updates(sids[index]) == expected
+
+
+def _agent_sid(agent, index, sids, plan):
+    """The id the agent itself gave session ``index`` (its n-th session: s<n>)."""
+    nth = sum(1 for other, _, _ in plan[: index + 1] if other == agent.name)
+    return f"s{nth}"

@@ -74,6 +74,8 @@ EXIT_STATUS_WAIT: Final = 0.25
 #: updates held for a session id the bridge does not know yet (agent sent them before its
 #: session/new response); beyond this they are dropped
 EARLY_UPDATES_MAX: Final = 64
+#: URL elicitations remembered per agent, to route their completion (oldest forgotten)
+ELICITATIONS_MAX: Final = 1024
 #: bytes joined into one write by a writer task
 WRITE_BATCH_BYTES: Final = 64 * 1024
 READ_CHUNK: Final = 64 * 1024
@@ -271,6 +273,8 @@ class AgentLink:
     exit_status: int | None = None
     starts: int = 0
     deaths: collections.deque[float] = attrs.field(factory=lambda: collections.deque(maxlen=64))
+    #: URL elicitations in progress: elicitationId → the client that was shown it
+    elicitations: dict[str, ClientLink] = attrs.field(factory=dict)
     new_in_flight: int = 0
     early_updates: list[tuple[str, bytes]] = attrs.field(factory=list)
     _send: trio.MemorySendChannel[bytes] | None = None
@@ -1039,8 +1043,8 @@ class Bridge:
     ) -> None:
         sid = params.get("sessionId")
         session = self.sessions.get(sid) if isinstance(sid, str) else None
-        if session is None:
-            return
+        if session is None or session.client not in (client, None):
+            return  # unknown, or not this connection's to cancel
         agent = self.agents[session.agent]
         if session.rewrite:
             params["sessionId"] = session.agent_id
@@ -1383,16 +1387,24 @@ class Bridge:
         method: str = msg["method"]
         params = params_of(msg)
         if method == "$/cancel_request":
-            target = agent.inflight.get(params.get("requestId"))
-            if target is not None:
-                client, client_id = target
-                entry = client.pending.get(client_id)
-                if entry is not None and entry.session is not None:
-                    # The agent withdrew a permission request: the client's answer is moot.
-                    pass
+            # The agent withdrew a request it made of a client: translate the id.
+            shown = agent.inflight.get(params.get("requestId"))
+            if shown is not None:
+                client, client_id = shown
                 await client.send(
                     dumps(notification_msg("$/cancel_request", {"requestId": client_id}))
                 )
+            return
+        if method == "elicitation/complete":
+            # Only to the connection that was shown the elicitation (ACP: bound to it).
+            elicitation_id = params.get("elicitationId")
+            owner = (
+                agent.elicitations.pop(elicitation_id, None)
+                if isinstance(elicitation_id, str)
+                else None
+            )
+            if owner is not None:
+                await owner.send(dumps(msg))
             return
         sid = params.get("sessionId")
         if isinstance(sid, str):
@@ -1402,12 +1414,6 @@ class Bridge:
                     params["sessionId"] = session.bridge_id
                 await session.client.send(dumps(msg))
                 return
-        if method == "elicitation/complete":
-            # URL elicitations are bound to the client that received them; with one client
-            # per session, the clients this agent is talking to.
-            for client in self.clients:
-                await client.send(dumps(msg))
-            return
         self.log.debug("agent_notification_ignored", agent=agent.name, method=method)
 
     async def _agent_request(self, agent: AgentLink, msg: JsonObject) -> None:
@@ -1449,6 +1455,10 @@ class Bridge:
         agent.inflight[agent_id] = (client, client_id)
         if method == "session/request_permission":
             session.pending_permissions.add(client_id)
+        elif method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
+            if len(agent.elicitations) >= ELICITATIONS_MAX:
+                agent.elicitations.pop(next(iter(agent.elicitations)))  # the oldest goes
+            agent.elicitations[params["elicitationId"]] = client
         msg["id"] = client_id
         if session.rewrite:
             params["sessionId"] = session.bridge_id

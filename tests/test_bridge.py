@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from acp_bridge._bridge import AgentState
 
-from .fakes import FakeAgent, open_bridge
+from .fakes import FakeAgent, connect, open_bridge
 
 
 async def test_initialize_waits_for_default_agent_and_answers_v1(autojump_clock):
@@ -499,3 +499,37 @@ def _agent_sid(agent, index, sids, plan):
     """The id the agent itself gave session ``index`` (its n-th session: s<n>)."""
     nth = sum(1 for other, _, _ in plan[: index + 1] if other == agent.name)
     return f"s{nth}"
+
+
+async def test_elicitation_complete_goes_only_to_the_connection_shown_the_elicitation():
+    a = FakeAgent("a")
+    caps = {"elicitation": {"url": {}}}
+    async with open_bridge({"a": a}, initialize=False) as (client, bridge):
+        await client.initialize(**caps)
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+            other = await connect(bridge, nursery)
+            nursery.start_soon(
+                a.call,
+                "elicitation/create",
+                {
+                    "sessionId": "s1",
+                    "mode": "url",
+                    "elicitationId": "e1",
+                    "url": "https://example.invalid/x",
+                    "message": "sign in",
+                },
+            )
+            shown = await client.agent_requests.receive()
+            assert shown["params"]["sessionId"] == sid
+            await a.write(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "elicitation/complete",
+                    "params": {"elicitationId": "e1"},
+                }
+            )
+            done = await client.wait_for(lambda m: m.get("method") == "elicitation/complete")
+            assert done["params"] == {"elicitationId": "e1"}
+            assert not [m for m in other.received if m.get("method") == "elicitation/complete"]
+            nursery.cancel_scope.cancel()

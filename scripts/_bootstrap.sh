@@ -12,8 +12,14 @@ stamp="$venv/.acp-bridge-installed"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "bootstrap: installing acp-bridge and its test dependencies into .venv" >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test]" >&2
+    log="$venv/bootstrap.log"
+    if ! { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip &&
+           "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test]"
+         } >"$log" 2>&1; then
+        cat "$log" >&2
+        echo "bootstrap: pip failed (log above, also in $log)" >&2
+        exit 1
+    fi
     echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

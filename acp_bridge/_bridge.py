@@ -22,6 +22,7 @@ import base64
 import binascii
 import collections
 import enum
+import functools
 import itertools
 from typing import TYPE_CHECKING, Any, Final
 
@@ -60,6 +61,7 @@ from acp_bridge._routing import (
     SessionState,
     SessionTable,
 )
+from acp_bridge._timers import Deadlines
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -375,9 +377,8 @@ class Bridge:
         self.clients: set[ClientLink] = set()
         self._nursery: trio.Nursery | None = None
         self._client_capabilities: JsonObject = {}
-        #: detached sessions, closed when their deadline passes (see _grace_keeper)
-        self._detached: set[Session] = set()
-        self._detached_changed = trio.Event()
+        #: timers: detached sessions' grace periods (key ("detach", session))
+        self.deadlines = Deadlines()
         self.log = logger
 
     # ------------------------------------------------------------------ lifetime
@@ -386,7 +387,7 @@ class Bridge:
         """Run until cancelled; agents are stopped when it ends."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._grace_keeper)
+            nursery.start_soon(self.deadlines.run)
             task_status.started(self)
             await trio.sleep_forever()
 
@@ -433,23 +434,9 @@ class Bridge:
             await self._expire(session)
             return
         session.detach_deadline = trio.current_time() + grace
-        self._detached.add(session)
-        self._detached_changed.set()
-
-    async def _grace_keeper(self) -> None:
-        """Close detached sessions whose grace period is over (one task for all of them)."""
-        while True:
-            self._detached_changed = trio.Event()
-            if not self._detached:
-                await self._detached_changed.wait()
-                continue
-            session = min(self._detached, key=lambda s: s.detach_deadline or 0.0)
-            assert session.detach_deadline is not None
-            with trio.move_on_at(session.detach_deadline) as waiting:
-                await self._detached_changed.wait()
-            if waiting.cancelled_caught and session in self._detached:
-                self._detached.discard(session)
-                await self._expire(session)
+        self.deadlines.schedule(
+            ("detach", session), session.detach_deadline, functools.partial(self._expire, session)
+        )
 
     async def _expire(self, session: Session) -> None:
         """Nobody took the session back in time: settle what waits on it, close it."""
@@ -482,9 +469,7 @@ class Bridge:
         to the new owner. Returns the previous owner if it is still connected (taken over).
         """
         previous: ClientLink | None = session.client
-        if session in self._detached:
-            self._detached.discard(session)
-            self._detached_changed.set()
+        self.deadlines.cancel(("detach", session))
         session.detach_deadline = None
         session.client = client
         session.state = SessionState.ACTIVE
@@ -884,7 +869,7 @@ class Bridge:
             dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
         )
         await self._settle_permissions(session, "cancelled", "session/close")
-        self._detached.discard(session)
+        self.deadlines.cancel(("detach", session))
         self.sessions.remove(session)
         await client.send(dumps(result_msg(msg["id"], {})))
 

@@ -78,6 +78,8 @@ EXIT_STATUS_WAIT: Final = 0.25
 EARLY_UPDATES_MAX: Final = 64
 #: URL elicitations remembered per agent, to route their completion (oldest forgotten)
 ELICITATIONS_MAX: Final = 1024
+#: how long a non-blocking client may take nothing while it is sent a bulk answer (a replay)
+REPLY_SEND_TIMEOUT: Final = 30.0
 #: bytes joined into one write by a writer task
 WRITE_BATCH_BYTES: Final = 64 * 1024
 READ_CHUNK: Final = 64 * 1024
@@ -170,6 +172,8 @@ class ClientLink:
         self.want_seq = False
         self.closed = False
         self.close_reason: str | None = None
+        #: set when the link closes (overflow, or the connection ended)
+        self.closed_event = trio.Event()
         self._idle: trio.Event | None = None
         self.log = logger.bind(client=name)
 
@@ -192,15 +196,28 @@ class ClientLink:
 
     async def send(self, data: bytes) -> None:
         """Queue bytes for the client (see the module's backpressure notes)."""
+        if self.blocking:
+            await self.send_wait(data)
+        else:
+            self.send_nowait(data)
+
+    async def send_wait(self, data: bytes) -> None:
+        """
+        Queue bytes, waiting for room: for bulk answers to this client's own request (a load
+        replay), which may be far larger than the queue. A non-blocking client that takes
+        nothing for ``REPLY_SEND_TIMEOUT`` seconds is disconnected; a blocking one is waited for.
+        """
         if self.closed:
             return
-        if self.blocking:
+        timeout = REPLY_SEND_TIMEOUT
+        deadline = trio.current_time() + timeout if not self.blocking else float("inf")
+        with trio.move_on_at(deadline) as waiting:
             try:
                 await self._send.send(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.closed = True
-            return
-        self.send_nowait(data)
+                self.close("connection closed")
+        if waiting.cancelled_caught:
+            self.close(f"client took nothing for {timeout:g}s")
 
     def send_nowait(self, data: bytes) -> bool:
         if self.closed:
@@ -211,7 +228,7 @@ class ClientLink:
             self.close("client is not reading: outbound queue full")
             return False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.closed = True
+            self.close("connection closed")
             return False
         return True
 
@@ -221,6 +238,7 @@ class ClientLink:
             self.close_reason = reason
             self.log.info("client_closed", reason=reason)
             self._send.close()
+            self.closed_event.set()
 
     async def pump(self, stream: trio.abc.SendStream) -> None:
         """Write queued messages to ``stream`` until the link closes (batched writes)."""
@@ -821,19 +839,19 @@ class Bridge:
         if msg["method"] == "session/load":
             entries, complete = history.after(after)
             for seq, data in entries:
-                await client.send(self._stamped(client, seq, data))
+                await client.send_wait(self._stamped(client, seq, data))
                 after = seq
             result["_meta"] = {"acp_bridge": {"lastSeq": history.last_seq, "complete": complete}}
         else:
             after = history.last_seq  # resume: no replay
-        await client.send(dumps(result_msg(msg["id"], result)))
+        await client.send_wait(dumps(result_msg(msg["id"], result)))
         # Updates that came in meanwhile were kept, not sent: send them, then switch the live
         # stream over with no await in between (nothing lost, nothing twice).
         while history.last_seq > after:
             entries, caught_up = history.after(after)
             complete = complete and caught_up
             for seq, data in entries:
-                await client.send(self._stamped(client, seq, data))
+                await client.send_wait(self._stamped(client, seq, data))
                 after = seq
         if not complete:
             await self.send_log(

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
 from acp_bridge import __version__
@@ -73,13 +74,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("demo_args", nargs=argparse.REMAINDER)
 
-    for name, text in (
-        ("serve", "the WebSocket daemon (not built yet)"),
-        ("attach", "stdio ↔ WebSocket shim (not built yet)"),
-    ):
+    serve = sub.add_parser("serve", help="the WebSocket daemon: many ACP clients, many agents")
+    _add_agent_source(serve)
+    serve.add_argument("--host", help="listen address (overrides [websocket] host)")
+    serve.add_argument(
+        "--port", type=_port, help="listen port, 0 for a free one (overrides [websocket] port)"
+    )
+    serve.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow listening on a non-loopback address (needs TLS in the config, or --insecure)",
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="with --allow-remote: serve without TLS (the token travels in clear text)",
+    )
+    _add_logging(serve)
+
+    for name, text in (("attach", "stdio ↔ WebSocket shim (not built yet)"),):
         later = sub.add_parser(name, help=text)
         later.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return port
+
+
+def _listen_overrides(config: Config, host: str | None, port: int | None) -> Config:
+    """``serve --host/--port`` replace the config's ``[websocket]`` values."""
+    ws = config.websocket
+    ws = attrs.evolve(
+        ws, host=ws.host if host is None else host, port=ws.port if port is None else port
+    )
+    return attrs.evolve(config, websocket=ws)
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -102,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo_agent_stdio(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("serve", "attach"):
+    if args.command == "attach":
         print(f"acp-bridge {args.command}: not available in this version yet", file=sys.stderr)
         return EXIT_USAGE
 
@@ -128,6 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert protocol_fd is not None
         trio.run(serve_stdio, config, protocol_fd)
         return 0
+    if args.command == "serve":
+        from acp_bridge._ws import run_serve
+
+        return run_serve(
+            _listen_overrides(config, args.host, args.port),
+            allow_remote=args.allow_remote,
+            insecure=args.insecure,
+        )
     if args.command == "prompt":
         from acp_bridge._prompt import PromptFailed, run_prompt
 

@@ -155,12 +155,26 @@ class WebSocketConfig:
     The ``[websocket]`` table, used by ``acp-bridge serve``.
 
     Attributes:
-        host: address to listen on.
+        host: address to listen on; anything but loopback needs ``--allow-remote`` and TLS
+            (or ``--insecure``).
         port: TCP port; 0 picks a free one.
         path: the HTTP path of the ACP endpoint.
         token: the bearer token clients must present (prefer ``token_file``).
-        token_file: a file holding the token; relative to the config file's directory.
+        token_file: a file holding the token; relative to the config file's directory. With
+            neither, a token is generated into ``token`` under :func:`default_state_dir`.
         allowed_origins: browser ``Origin`` values accepted; empty: only non-browser clients.
+        allowed_hosts: ``Host`` header values accepted besides the loopback names and
+            ``host``: ``NAME`` (with the listening port) or ``NAME:PORT`` (as a reverse proxy
+            in front would present it).
+        tls_cert: PEM certificate chain; with ``tls_key``, the listener speaks TLS (wss://).
+        tls_key: PEM private key of ``tls_cert``.
+        max_message_bytes: the largest WebSocket message accepted (close 1009 past it).
+        max_connections: WebSocket connections open at once (503 past it).
+        ping_interval: seconds between keepalive pings; 0 disables them.
+        ping_timeout: seconds a client has to answer a ping, or to take a frame we send,
+            before the connection is dropped.
+        idle_timeout: seconds without any message from a client before it is closed; 0: never.
+        handshake_timeout: seconds allowed for TLS plus the HTTP upgrade request.
     """
 
     host: str = "127.0.0.1"
@@ -169,6 +183,15 @@ class WebSocketConfig:
     token: str | None = None
     token_file: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_connections: int = 64
+    ping_interval: float = 20.0
+    ping_timeout: float = 20.0
+    idle_timeout: float = 3600.0
+    handshake_timeout: float = 10.0
 
 
 @attrs.frozen
@@ -527,6 +550,23 @@ def _check(config: Config) -> list[str]:
     )
     need(ws.token != "", "websocket.token", "must not be empty")
     need(
+        (ws.tls_cert is None) == (ws.tls_key is None),
+        "websocket.tls_cert" if ws.tls_cert is None else "websocket.tls_key",
+        "set both tls_cert and tls_key, or neither",
+    )
+    for i, entry in enumerate(ws.allowed_hosts):
+        need(
+            re.fullmatch(r"[^\s/@\\]+", entry) is not None,
+            f"websocket.allowed_hosts[{i}]",
+            "expected NAME or NAME:PORT",
+        )
+    need(ws.max_message_bytes >= 1024, "websocket.max_message_bytes", "must be at least 1024")
+    need(ws.max_connections >= 1, "websocket.max_connections", "must be at least 1")
+    need(ws.ping_interval >= 0, "websocket.ping_interval", "must not be negative")
+    need(ws.ping_timeout > 0, "websocket.ping_timeout", "must be positive")
+    need(ws.idle_timeout >= 0, "websocket.idle_timeout", "must not be negative")
+    need(ws.handshake_timeout > 0, "websocket.handshake_timeout", "must be positive")
+    need(
         config.policy.default in POLICY_DEFAULTS,
         "policy.default",
         f"expected one of {', '.join(map(repr, POLICY_DEFAULTS))}",
@@ -555,8 +595,9 @@ def parse_config(
     Args:
         data: the document, as :func:`tomllib.loads` returns it.
         source: names the origin in messages.
-        base_dir: relative ``cwd``, ``token_file`` and ``store.path`` values are resolved
-            against it (after ``~`` expansion); ``None`` leaves them as written.
+        base_dir: relative ``cwd``, ``token_file``, ``tls_cert``, ``tls_key`` and ``store.path``
+            values are resolved against it (after ``~`` expansion); ``None`` leaves them as
+            written.
 
     Raises:
         ConfigError: with every problem found, one per line.
@@ -578,7 +619,10 @@ def parse_config(
             for name, agent in config.agents.items()
         },
         websocket=attrs.evolve(
-            config.websocket, token_file=_resolve(config.websocket.token_file, base_dir)
+            config.websocket,
+            token_file=_resolve(config.websocket.token_file, base_dir),
+            tls_cert=_resolve(config.websocket.tls_cert, base_dir),
+            tls_key=_resolve(config.websocket.tls_key, base_dir),
         ),
         store=attrs.evolve(config.store, path=_resolve(config.store.path, base_dir)),
     )

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from acp_bridge._agent import Launcher
     from acp_bridge._config import Config
+    from acp_bridge._jsonrpc import JsonObject
 
 logger = structlog.get_logger("acp_bridge.stdio")
 
@@ -41,6 +42,7 @@ async def with_bridge(
     body: Callable[[Bridge], Awaitable[object]],
     *,
     launcher: Launcher | None = None,
+    agent_client_capabilities: JsonObject | None = None,
 ) -> None:
     """
     Run a bridge with real agent processes around ``body(bridge)``; stop everything after it.
@@ -56,7 +58,9 @@ async def with_bridge(
             launcher = make_subprocess_launcher(reaper=reaper, stop_grace=config.bridge.stop_grace)
         outer.start_soon(_cancel_on_signals, outer.cancel_scope)
         async with trio.open_nursery() as inner:
-            bridge = Bridge(config, launcher)
+            bridge = Bridge(
+                config, launcher, agent_client_capabilities=agent_client_capabilities
+            )
             await inner.start(bridge.run)
             try:
                 await body(bridge)

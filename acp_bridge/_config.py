@@ -24,7 +24,7 @@ import shlex
 import tomllib
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 import cattrs
@@ -37,12 +37,13 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.v import format_exception
 
+from acp_bridge._policy import Policy, parse_policy, unknown_agents
+
 __all__ = [
     "AgentConfig",
     "BridgeConfig",
     "Config",
     "ConfigError",
-    "PolicyConfig",
     "StoreConfig",
     "WebSocketConfig",
     "config_from_agent_specs",
@@ -55,9 +56,6 @@ __all__ = [
 
 #: What an agent name may look like: it appears in logs, ``_meta`` and session ids.
 AGENT_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
-
-#: The values ``[policy] default`` accepts.
-POLICY_DEFAULTS: Final = ("allow", "deny", "ask")
 
 #: Environment variable names whose values :func:`redact_env` hides.
 _SECRET_NAME_RE: Final = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|AUTH", re.IGNORECASE)
@@ -195,20 +193,6 @@ class WebSocketConfig:
 
 
 @attrs.frozen
-class PolicyConfig:
-    """
-    The ``[policy]`` table: how permission requests are settled.
-
-    Attributes:
-        default: ``"allow"``, ``"deny"`` or ``"ask"`` when no rule matches.
-        ask_timeout: seconds a human has to answer before the request is denied.
-    """
-
-    default: str = "ask"
-    ask_timeout: float = 60.0
-
-
-@attrs.frozen
 class StoreConfig:
     """
     The ``[store]`` table: the SQLite database.
@@ -244,7 +228,7 @@ class Config:
     agents: Mapping[str, AgentConfig] = attrs.field(converter=_frozen_agents)
     bridge: BridgeConfig = BridgeConfig()
     websocket: WebSocketConfig = WebSocketConfig()
-    policy: PolicyConfig = PolicyConfig()
+    policy: Policy = Policy()
     store: StoreConfig = StoreConfig()
     source: str = "<config>"
 
@@ -566,12 +550,6 @@ def _check(config: Config) -> list[str]:
     need(ws.ping_timeout > 0, "websocket.ping_timeout", "must be positive")
     need(ws.idle_timeout >= 0, "websocket.idle_timeout", "must not be negative")
     need(ws.handshake_timeout > 0, "websocket.handshake_timeout", "must be positive")
-    need(
-        config.policy.default in POLICY_DEFAULTS,
-        "policy.default",
-        f"expected one of {', '.join(map(repr, POLICY_DEFAULTS))}",
-    )
-    need(config.policy.ask_timeout > 0, "policy.ask_timeout", "must be positive")
     need(config.store.path != "", "store.path", "must not be empty")
     return problems
 
@@ -602,18 +580,25 @@ def parse_config(
     Raises:
         ConfigError: with every problem found, one per line.
     """
+    # [policy] has its own parser (acp_bridge._policy), with messages of the same form.
+    policy_data = data.get("policy", {}) if isinstance(data, Mapping) else {}
+    rest = {k: v for k, v in data.items() if k != "policy"} if isinstance(data, Mapping) else data
     try:
-        config: Config = _CONVERTER.structure(data, Config)
+        config: Config = _CONVERTER.structure(rest, Config)
     except ClassValidationError as exc:
         raise ConfigError(source, _validation_problems(exc)) from None
     except _Invalid as exc:  # the document itself is not a table
         raise ConfigError(source, [str(exc)]) from None
-    problems = _check(config)
+    policy, policy_problems = parse_policy(cast("Mapping[str, object]", policy_data))
+    problems = _check(config) + policy_problems
+    if not policy_problems:
+        problems += unknown_agents(policy, list(config.agents))
     if problems:
         raise ConfigError(source, problems)
     return attrs.evolve(
         config,
         source=source,
+        policy=policy,
         agents={
             name: attrs.evolve(agent, cwd=_resolve(agent.cwd, base_dir))
             for name, agent in config.agents.items()

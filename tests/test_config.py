@@ -27,6 +27,7 @@ from acp_bridge._config import (
     parse_config,
     redact_env,
 )
+from acp_bridge._policy import Action, Policy
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -54,7 +55,7 @@ def test_default_toml_runs_the_demo_agent():
     )
     assert config.bridge == BridgeConfig(default_agent="demo")
     assert config.websocket == config_module.WebSocketConfig()
-    assert config.policy == config_module.PolicyConfig()
+    assert config.policy == Policy()
     assert config.store == StoreConfig()
 
 
@@ -97,7 +98,7 @@ def test_numbers_and_optional_values_structure():
     assert config.bridge.restart_backoff_max == 10.0
     assert isinstance(config.bridge.restart_backoff_max, float)
     assert config.websocket.allowed_origins == ("https://x",)
-    assert config.policy.default == "deny"
+    assert config.policy.default is Action.DENY
     assert config.store.path == ":memory:"
 
 
@@ -120,7 +121,11 @@ def test_numbers_and_optional_values_structure():
             "unknown key 'websocket.allowed_origin' (did you mean 'allowed_origins'?)",
             id="websocket",
         ),
-        pytest.param(MINIMAL + "[policy]\nrules = []\n", "unknown key 'policy.rules'", id="policy"),
+        pytest.param(
+            MINIMAL + "[policy]\nrule = []\n",
+            "unknown key 'policy.rule' (did you mean 'rules'?)",
+            id="policy",
+        ),
         pytest.param(MINIMAL + "[store]\nfile = 'x'\n", "unknown key 'store.file'", id="store"),
         pytest.param(
             MINIMAL + "[bridg]\n", "unknown key 'bridg' (did you mean 'bridge'?)", id="top"

@@ -92,9 +92,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_logging(serve)
 
-    for name, text in (("attach", "stdio ↔ WebSocket shim (not built yet)"),):
-        later = sub.add_parser(name, help=text)
-        later.add_argument("rest", nargs=argparse.REMAINDER)
+    attach = sub.add_parser(
+        "attach",
+        help="stdio ↔ WebSocket shim: an editor's agent that reaches a running `serve`",
+    )
+    attach.add_argument("url", metavar="URL", help="the daemon's endpoint, ws://HOST:PORT/acp")
+    token = attach.add_mutually_exclusive_group()
+    token.add_argument("--token-file", metavar="FILE", help="file holding the bearer token")
+    token.add_argument("--token-env", metavar="VAR", help="environment variable holding it")
+    attach.add_argument(
+        "--agent", metavar="NAME", help="the agent of every new session that names none"
+    )
+    attach.add_argument(
+        "--reconnect-for",
+        metavar="SECONDS",
+        type=float,
+        default=300.0,
+        help="keep reconnecting this long after a drop (default: 300, the daemon's grace)",
+    )
+    attach.add_argument(
+        "--connect-for",
+        metavar="SECONDS",
+        type=float,
+        default=10.0,
+        help="keep trying this long to make the first connection (default: 10)",
+    )
+    _add_logging(attach)
     return parser
 
 
@@ -138,8 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "attach":
-        print(f"acp-bridge {args.command}: not available in this version yet", file=sys.stderr)
-        return EXIT_USAGE
+        from acp_bridge._attach import main_attach
+
+        return main_attach(args)
 
     protocol_fd = None
     if args.command == "stdio":

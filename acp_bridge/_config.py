@@ -228,7 +228,7 @@ class Config:
     agents: Mapping[str, AgentConfig] = attrs.field(converter=_frozen_agents)
     bridge: BridgeConfig = BridgeConfig()
     websocket: WebSocketConfig = WebSocketConfig()
-    policy: Policy = Policy()
+    policy: Policy = attrs.field(factory=Policy)
     store: StoreConfig = StoreConfig()
     source: str = "<config>"
 

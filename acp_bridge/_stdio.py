@@ -58,9 +58,7 @@ async def with_bridge(
             launcher = make_subprocess_launcher(reaper=reaper, stop_grace=config.bridge.stop_grace)
         outer.start_soon(_cancel_on_signals, outer.cancel_scope)
         async with trio.open_nursery() as inner:
-            bridge = Bridge(
-                config, launcher, agent_client_capabilities=agent_client_capabilities
-            )
+            bridge = Bridge(config, launcher, agent_client_capabilities=agent_client_capabilities)
             await inner.start(bridge.run)
             try:
                 await body(bridge)

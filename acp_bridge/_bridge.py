@@ -37,6 +37,9 @@ from acp_bridge._agent import (
     Launcher,
     StderrRing,
 )
+from acp_bridge._approvals import Approvals, Ask
+from acp_bridge._audit import AuditLog
+from acp_bridge._containment import PathRefused, contain
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
@@ -61,6 +64,7 @@ from acp_bridge._routing import (
     SessionState,
     SessionTable,
 )
+from acp_bridge._store import AuditRecord
 from acp_bridge._timers import Deadlines
 
 if TYPE_CHECKING:
@@ -78,6 +82,8 @@ EXIT_STATUS_WAIT: Final = 0.25
 EARLY_UPDATES_MAX: Final = 64
 #: URL elicitations remembered per agent, to route their completion (oldest forgotten)
 ELICITATIONS_MAX: Final = 1024
+#: answers kept for a detached session until a connection takes it back (more are dropped)
+HELD_RESPONSES_MAX: Final = 256
 #: how long a non-blocking client may take nothing while it is sent a bulk answer (a replay)
 REPLY_SEND_TIMEOUT: Final = 30.0
 #: bytes joined into one write by a writer task
@@ -381,6 +387,7 @@ class Bridge:
         launcher: Launcher,
         *,
         agent_client_capabilities: JsonObject | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.config = config
         self._launcher = launcher
@@ -395,8 +402,11 @@ class Bridge:
         self.clients: set[ClientLink] = set()
         self._nursery: trio.Nursery | None = None
         self._client_capabilities: JsonObject = {}
-        #: timers: detached sessions' grace periods (key ("detach", session))
+        #: timers: detached sessions' grace periods (key ("detach", session)) and approval
+        #: deadlines (key ("ask", entry))
         self.deadlines = Deadlines()
+        self.audit = audit if audit is not None else AuditLog()
+        self.approvals = Approvals(self, config.policy, self.audit)
         self.log = logger
 
     # ------------------------------------------------------------------ lifetime
@@ -406,6 +416,8 @@ class Bridge:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.deadlines.run)
+            if self.audit.store is not None:
+                nursery.start_soon(self.audit.run)
             task_status.started(self)
             await trio.sleep_forever()
 
@@ -433,15 +445,16 @@ class Bridge:
             assert isinstance(agent, AgentLink)
             agent.inflight.pop(entry.origin_id, None)
             if entry.session is not None and entry.session.client is client:
-                entry.session.parked.append(entry)
+                _park(entry)
             else:
-                await self._answer_unattended(agent, entry.origin_id, entry.method, entry.context)
+                await self._answer_unattended(entry, "client_gone")
         # The client's own requests stay out at the agents: their answers go to whoever
         # takes the session back (same ids: what the attach shim relies on), else nowhere.
         client.inflight.clear()
         for session in self.sessions:
             if session.client is client:
                 await self._detach(session)
+        self.approvals.forget_client(client)
 
     async def _detach(self, session: Session) -> None:
         session.client = None
@@ -460,9 +473,9 @@ class Bridge:
         """Nobody took the session back in time: settle what waits on it, close it."""
         session.detach_deadline = None
         agent = self.agents[session.agent]
-        parked, session.parked = session.parked, []
-        for entry in parked:
-            await self._answer_unattended(agent, entry.origin_id, entry.method, entry.context)
+        for entry in list(session.parked):
+            await self._answer_unattended(entry, "grace")
+        session.parked.clear()
         self.sessions.remove(session)
         self.log.info("session_closed_after_grace", session=session.bridge_id, agent=agent.name)
         if agent.state is AgentState.READY:
@@ -479,12 +492,15 @@ class Bridge:
         except JsonRpcError as exc:
             self.log.warning("session_close_failed", agent=agent.name, error=exc.message)
 
-    def _take_ownership(self, session: Session, client: ClientLink) -> ClientLink | None:
+    def _take_ownership(
+        self, session: Session, client: ClientLink
+    ) -> tuple[ClientLink | None, list[JsonRpcId]]:
         """
         Make ``client`` the session's owner (synchronous: nothing may slip in between).
 
-        Requests of closed connections still out at the agent for this session are answered
-        to the new owner. Returns the previous owner if it is still connected (taken over).
+        Requests still out at the agent for this session are answered to the new owner (same
+        ids: the attach shim relies on it). Returns the previous owner if it is still
+        connected (taken over), with the ids of its requests that moved: it must be told.
         """
         previous: ClientLink | None = session.client
         self.deadlines.cancel(("detach", session))
@@ -492,26 +508,46 @@ class Bridge:
         session.client = client
         session.state = SessionState.ACTIVE
         agent = self.agents[session.agent]
+        taken_over = previous is not None and previous is not client and not previous.closed
+        moved: list[JsonRpcId] = []
         for bridge_id, entry in agent.pending.find(
             lambda e: isinstance(e, Forwarded) and e.session is session
         ):
             assert isinstance(entry, Forwarded)
-            if entry.origin is not client and entry.origin.closed:
-                entry.origin = client
-                client.inflight[entry.origin_id] = (agent, bridge_id)
-        if previous is not None and previous is not client and not previous.closed:
+            if entry.origin is client:
+                continue
+            if entry.origin is previous and taken_over:
+                previous.done(entry.origin_id)
+                moved.append(entry.origin_id)
+            elif not entry.origin.closed:
+                continue
+            entry.origin = client
+            client.inflight[entry.origin_id] = (agent, bridge_id)
+        if taken_over:
+            assert previous is not None
             # Its unanswered requests of the agent move with the session.
             for client_id, shown in previous.pending.find(lambda e: e.session is session):
                 previous.pending.pop(client_id)
-                session.parked.append(shown)
-            return previous
-        return None
+                _park(shown)
+            return previous, moved
+        return None, []
+
+    def _take_held(self, session: Session, upto: float) -> list[bytes]:
+        """Answers that came while nobody was attached, up to history position ``upto``."""
+        if not session.held_responses:
+            return []
+        out = [data for seq, data in session.held_responses if seq <= upto]
+        session.held_responses = [(q, d) for q, d in session.held_responses if q > upto]
+        return out
 
     async def _present_parked(self, session: Session, client: ClientLink) -> None:
         """Show the new owner the agent requests that were waiting on the old one."""
         parked, session.parked = session.parked, []
         session.pending_permissions.clear()
         for entry in parked:
+            if isinstance(entry.extra, Ask):
+                await self.approvals.show(entry, client)
+                continue
             agent = entry.origin
             assert isinstance(agent, AgentLink)
             client_id = client.pending.add(entry)
@@ -521,15 +557,20 @@ class Bridge:
             await client.send(dumps(request_msg(client_id, entry.method, entry.context)))
 
     async def _attach(self, session: Session, client: ClientLink) -> None:
-        previous = self._take_ownership(session, client)
+        previous, moved = self._take_ownership(session, client)
         if previous is not None:
             self.log.info("session_taken_over", session=session.bridge_id)
+            gone = JsonRpcError.cancelled("session taken over by another connection")
+            for origin_id in moved:
+                await previous.send(dumps(error_msg(origin_id, gone)))
             await self.send_log(
                 previous,
                 "warning",
                 "session taken over by another connection; this one no longer receives it",
                 session=session,
             )
+        for data in self._take_held(session, float("inf")):
+            await client.send(data)
         await self._present_parked(session, client)
 
     async def send_log(
@@ -705,7 +746,8 @@ class Bridge:
     ) -> None:
         self._strip_unsupported_setup(agent, params)
         agent.new_in_flight += 1
-        await self._forward(client, msg, agent, None)
+        setup = _Setup(_roots_of(params), _bridge_meta(params).get("unattended") is True)
+        await self._forward(client, msg, agent, None, setup)
 
     def _strip_unsupported_setup(self, agent: AgentLink, params: JsonObject) -> None:
         """Drop what the agent did not advertise it can take (additionalDirectories, MCP kinds)."""
@@ -815,7 +857,10 @@ class Bridge:
             session.client = client
         if session.rewrite:
             params["sessionId"] = session.agent_id
-        await self._forward(client, msg, agent, session)
+        setup = None
+        if method == "session/fork":
+            setup = _Setup(_roots_of(params) or session.roots, session.unattended)
+        await self._forward(client, msg, agent, session, setup)
 
     async def _reattach(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
@@ -838,9 +883,13 @@ class Bridge:
         complete = True
         if msg["method"] == "session/load":
             entries, complete = history.after(after)
+            for data in self._take_held(session, after):
+                await client.send_wait(data)
             for seq, data in entries:
                 await client.send_wait(self._stamped(client, seq, data))
                 after = seq
+                for data in self._take_held(session, seq):
+                    await client.send_wait(data)
             result["_meta"] = {"acp_bridge": {"lastSeq": history.last_seq, "complete": complete}}
         else:
             after = history.last_seq  # resume: no replay
@@ -853,6 +902,8 @@ class Bridge:
             for seq, data in entries:
                 await client.send_wait(self._stamped(client, seq, data))
                 after = seq
+                for data in self._take_held(session, seq):
+                    await client.send_wait(data)
         if not complete:
             await self.send_log(
                 client,
@@ -886,7 +937,7 @@ class Bridge:
         agent.send_nowait(
             dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
         )
-        await self._settle_permissions(session, "cancelled", "session/close")
+        await self._settle_permissions(session, "cancelled", "close")
         self.deadlines.cancel(("detach", session))
         self.sessions.remove(session)
         await client.send(dumps(result_msg(msg["id"], {})))
@@ -919,6 +970,8 @@ class Bridge:
             raise JsonRpcError.invalid_params(f"session id {sid!r} is taken")
         session = self.sessions.bind(name, sid, sid)
         session.state = SessionState.LOADING
+        session.roots = _roots_of(params)
+        session.unattended = _bridge_meta(params).get("unattended") is True
         if agent.state is AgentState.READY:
             await self._forward_session_request(client, msg, params, session, agent)
         else:
@@ -990,6 +1043,8 @@ class Bridge:
                         session = self.sessions.register(
                             agent.name, info["sessionId"], state=SessionState.LISTED
                         )
+                        if not session.roots:
+                            session.roots = _roots_of(info)
                         info["sessionId"] = session.bridge_id
                         sessions.append(info)
                 inner = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
@@ -1053,47 +1108,27 @@ class Bridge:
             params["sessionId"] = session.agent_id
         if not agent.send_nowait(dumps(msg)):
             self.log.warning("cancel_not_delivered", agent=agent.name, session=session.bridge_id)
-        await self._settle_permissions(session, "cancelled", "session/cancel")
+        await self._settle_permissions(session, "cancelled", "cancel")
 
     async def _settle_permissions(self, session: Session, outcome: str, reason: str) -> None:
-        """Answer every pending permission request of a session with ``outcome`` at once."""
-        client = session.client
-        for client_id in sorted(session.pending_permissions):
-            if client is None:
-                break
-            entry = client.pending.pop(client_id)
-            if entry is None:
-                continue
-            agent = entry.origin
-            assert isinstance(agent, AgentLink)
-            agent.inflight.pop(entry.origin_id, None)
-            agent.send_nowait(dumps(result_msg(entry.origin_id, {"outcome": {"outcome": outcome}})))
-            await client.send(
-                dumps(
-                    notification_msg(
-                        "_acp_bridge/permission_resolved",
-                        {
-                            "sessionId": session.bridge_id,
-                            "requestId": client_id,
-                            "outcome": {"outcome": outcome},
-                            "reason": reason,
-                        },
-                    )
-                )
-            )
-        session.pending_permissions.clear()
+        """Answer every pending permission request of a session ``outcome`` at once."""
+        assert outcome == "cancelled"
+        await self.approvals.settle_session(session, reason)
 
     async def _client_response(self, client: ClientLink, msg: JsonObject) -> None:
-        entry = client.pending.pop(msg["id"])
+        client_id = msg["id"]
+        entry = client.pending.pop(client_id)
         if entry is None:
             # Late (already settled by the bridge) or unknown: nothing is waiting on it.
-            self.log.debug("client_response_unmatched", id=msg["id"])
+            if not await self.approvals.late_answer(client, client_id):
+                self.log.debug("client_response_unmatched", id=client_id)
+            return
+        if isinstance(entry.extra, Ask):
+            await self.approvals.client_answer(client, client_id, entry, msg)
             return
         agent = entry.origin
         assert isinstance(agent, AgentLink)
         agent.inflight.pop(entry.origin_id, None)
-        if entry.session is not None:
-            entry.session.pending_permissions.discard(msg["id"])
         msg["id"] = entry.origin_id
         if not agent.send_nowait(dumps(msg)):
             self.log.warning("response_not_delivered", agent=agent.name, method=entry.method)
@@ -1274,13 +1309,19 @@ class Bridge:
             self._undo_forward(agent, entry, ok=False)
             await client.send(dumps(error_msg(entry.origin_id, err)))
         for agent_id, (client, client_id) in list(agent.inflight.items()):
+            shown = client.pending.get(client_id)
+            if shown is not None and isinstance(shown.extra, Ask):
+                await self.approvals.agent_gone(shown)
+                continue
             del agent.inflight[agent_id]
-            shown = client.pending.pop(client_id)
-            if shown is not None and shown.session is not None:
-                shown.session.pending_permissions.discard(client_id)
+            client.pending.pop(client_id)
             await client.send(dumps(notification_msg("$/cancel_request", {"requestId": client_id})))
         for session in self.sessions.of_agent(agent.name):
             session.state = SessionState.ENDED
+            for entry in list(session.parked):
+                if isinstance(entry.extra, Ask):
+                    await self.approvals.agent_gone(entry)
+            session.parked.clear()
             session.pending_permissions.clear()
         agent.new_in_flight = 0
         agent.early_updates.clear()
@@ -1437,9 +1478,20 @@ class Bridge:
             )
             agent.send_nowait(dumps(error_msg(agent_id, err)))
             return
+        if method == "session/request_permission":
+            await self.approvals.permission_request(agent, msg, params, session)
+            return
+        if method in _CONTAINED_PATHS and not await self._contain(agent, msg, params, session):
+            return
         client = session.client
-        if client is None or client.closed:
-            await self._answer_unattended(agent, agent_id, method, params)
+        if (
+            client is None
+            or client.closed
+            or (session.unattended and method == "elicitation/create")
+        ):
+            await self._answer_unattended(
+                Forwarded(agent, agent_id, method, session, params), "unattended"
+            )
             return
         if gate is not None and not gate(client.capabilities):
             agent.send_nowait(
@@ -1456,9 +1508,7 @@ class Bridge:
         entry = Forwarded(agent, agent_id, method, session, params)
         client_id = client.pending.add(entry)
         agent.inflight[agent_id] = (client, client_id)
-        if method == "session/request_permission":
-            session.pending_permissions.add(client_id)
-        elif method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
+        if method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
             if len(agent.elicitations) >= ELICITATIONS_MAX:
                 agent.elicitations.pop(next(iter(agent.elicitations)))  # the oldest goes
             agent.elicitations[params["elicitationId"]] = client
@@ -1467,24 +1517,67 @@ class Bridge:
             params["sessionId"] = session.bridge_id
         await client.send(dumps(msg))
 
-    async def _answer_unattended(
-        self, agent: AgentLink, agent_id: JsonRpcId, method: str, params: Any
-    ) -> None:
-        """Nobody can answer: permission → deny (a reject option, else cancelled); else error."""
-        if method == "session/request_permission":
-            outcome: JsonObject = {"outcome": "cancelled"}
-            options = params.get("options") if isinstance(params, dict) else None
-            for option in options if isinstance(options, list) else []:
-                if isinstance(option, dict) and option.get("kind") == "reject_once":
-                    outcome = {"outcome": "selected", "optionId": option.get("optionId")}
-                    break
-            self.log.info("permission_auto_denied", agent=agent.name, outcome=outcome)
-            agent.send_nowait(dumps(result_msg(agent_id, {"outcome": outcome})))
+    async def _contain(
+        self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> bool:
+        """
+        Keep an agent's file access inside the session's roots: the path is replaced by its
+        resolved form (what was checked is what the client touches), or the call is refused.
+        """
+        key = _CONTAINED_PATHS[msg["method"]]
+        path = params.get(key)
+        if path is None and key == "cwd":
+            return True  # terminal/create without a cwd: the client's default
+        try:
+            params[key] = contain(path, session.roots, self.config.policy.deny_paths)
+        except PathRefused as exc:
+            self.log.warning(
+                "file_access_refused",
+                agent=agent.name,
+                session=session.bridge_id,
+                reason=exc.reason,
+            )
+            await self.approvals.file_refused(session, agent, msg["method"], path, exc)
+            agent.send_nowait(
+                dumps(
+                    error_msg(
+                        msg["id"],
+                        JsonRpcError.invalid_params(f"{key} refused ({exc.reason}): {exc}"),
+                    )
+                )
+            )
+            return False
+        return True
+
+    async def _answer_unattended(self, entry: Forwarded, reason: str) -> None:
+        """
+        Nobody can answer an agent's request: a permission is denied (through the approval
+        rules: audited, exactly once), an elicitation declined, anything else an error.
+        """
+        if isinstance(entry.extra, Ask):
+            await self.approvals.unattended(entry, reason)
+            return
+        agent = entry.origin
+        assert isinstance(agent, AgentLink)
+        agent.inflight.pop(entry.origin_id, None)
+        if entry.method == "elicitation/create":
+            agent.send_nowait(dumps(result_msg(entry.origin_id, {"action": "decline"})))
+            if entry.session is not None:
+                await self.audit.record(
+                    AuditRecord(
+                        session=entry.session.bridge_id,
+                        agent=agent.name,
+                        decision="decline",
+                        source="unattended",
+                        title="elicitation/create",
+                        detail=reason,
+                    )
+                )
         else:
             agent.send_nowait(
                 dumps(
                     error_msg(
-                        agent_id,
+                        entry.origin_id,
                         JsonRpcError(INTERNAL_ERROR, "no client is attached to this session"),
                     )
                 )
@@ -1504,6 +1597,20 @@ class Bridge:
         ok = "result" in msg
         early = self._undo_forward(agent, entry, ok=ok, result=msg.get("result"))
         msg["id"] = entry.origin_id
+        session = entry.session
+        if (
+            client.closed
+            and session is not None
+            and session.client is None
+            and session.state is SessionState.ACTIVE
+        ):
+            # Its connection is gone and nobody has the session yet: keep the answer for
+            # whoever takes it back within the grace period (in its place in the stream).
+            if len(session.held_responses) < HELD_RESPONSES_MAX:
+                session.held_responses.append((self._history(session).last_seq, dumps(msg)))
+            else:
+                self.log.warning("held_response_dropped", session=session.bridge_id)
+            return
         for line in early:
             await client.send(line)
         await client.send(dumps(msg))
@@ -1527,6 +1634,9 @@ class Bridge:
                 new = self.sessions.register(agent.name, result["sessionId"], client=client)
                 new.client = client
                 new.state = SessionState.ACTIVE
+                if isinstance(entry.context, _Setup):
+                    new.roots = entry.context.roots
+                    new.unattended = entry.context.unattended
                 self._history(new)
                 _capture_setup(new, result)
                 if new.rewrite:
@@ -1578,6 +1688,39 @@ class Bridge:
             if agent.stop_scope is not None and agent.state is not AgentState.STOPPED:
                 agent.state = AgentState.STOPPING
                 agent.stop_scope.cancel()
+
+
+#: Agent calls whose path (or cwd) must stay inside the session's roots: method → param.
+_CONTAINED_PATHS: Final = {
+    "fs/read_text_file": "path",
+    "fs/write_text_file": "path",
+    "terminal/create": "cwd",
+}
+
+
+@attrs.frozen
+class _Setup:
+    """What a session/new (or fork) asked for that the bridge keeps: roots, unattended."""
+
+    roots: tuple[str, ...]
+    unattended: bool
+
+
+def _roots_of(params: JsonObject) -> tuple[str, ...]:
+    """A session's roots: [cwd, *additionalDirectories] (absolute strings only)."""
+    roots = [params.get("cwd")]
+    extra = params.get("additionalDirectories")
+    if isinstance(extra, list):
+        roots += extra
+    return tuple(r for r in roots if isinstance(r, str) and r.startswith("/"))
+
+
+def _park(entry: Forwarded) -> None:
+    """A request waiting on a client that went away waits for the next one."""
+    if isinstance(entry.extra, Ask):
+        entry.extra.shown = None
+    if entry.session is not None:
+        entry.session.parked.append(entry)
 
 
 _SETUP_UPDATES: Final = frozenset({"current_mode_update", "config_option_update"})

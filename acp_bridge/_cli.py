@@ -15,12 +15,11 @@ import attrs
 import trio
 
 from acp_bridge import __version__
-from acp_bridge._config import ConfigError, config_from_agent_specs, load_config
+from acp_bridge._config import Config, ConfigError, config_from_agent_specs, load_config
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from acp_bridge._config import Config
 
 EXIT_USAGE = 2
 
@@ -92,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_logging(serve)
 
+    audit = sub.add_parser("audit", help="print the audit trail of approval decisions")
+    _add_agent_source(audit)
+    audit.add_argument("--follow", action="store_true", help="keep printing new records")
+    audit.add_argument("--json", action="store_true", help="one JSON object per line")
+    _add_logging(audit)
+
     attach = sub.add_parser(
         "attach",
         help="stdio ↔ WebSocket shim: an editor's agent that reaches a running `serve`",
@@ -146,6 +151,8 @@ def _load(args: argparse.Namespace) -> Config:
         return config_from_agent_specs(args.agent, base=base)
     if args.config:
         return load_config(args.config)
+    if args.command == "audit" and not args.agent:
+        return Config(agents={})  # only the store matters: its default path
     if args.agent:
         return config_from_agent_specs(args.agent)
     raise ConfigError("<command line>", ["give --config FILE or at least one --agent NAME=COMMAND"])
@@ -181,6 +188,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"acp-bridge: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
+    from acp_bridge._prompt import PromptFailed
+    from acp_bridge._store import StoreError
+
+    try:
+        return _run(args, config, protocol_fd)
+    except (StoreError, PromptFailed, BaseExceptionGroup) as exc:
+        known = _known_failure(exc, (StoreError, PromptFailed))
+        if known is None:
+            raise
+        print(f"acp-bridge {args.command}: {known}", file=sys.stderr)
+        return 1 if isinstance(known, PromptFailed) else EXIT_USAGE
+
+
+def _known_failure(
+    exc: BaseException, kinds: tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first exception of ``kinds`` in ``exc`` (looking inside exception groups)."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _known_failure(inner, kinds)
+            if found is not None:
+                return found
+    return None
+
+
+def _run(args: argparse.Namespace, config: Config, protocol_fd: int | None) -> int:
     if args.command == "stdio":
         from acp_bridge._stdio import serve_stdio
 
@@ -196,15 +231,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             insecure=args.insecure,
         )
     if args.command == "prompt":
-        from acp_bridge._prompt import PromptFailed, run_prompt
+        from acp_bridge._prompt import run_prompt
 
-        try:
-            stop = trio.run(
-                lambda: run_prompt(config, args.text, agent=args.to, cwd=args.cwd, approve=args.yes)
-            )
-        except PromptFailed as exc:
-            print(f"acp-bridge prompt: {exc}", file=sys.stderr)
-            return 1
+        stop = trio.run(
+            lambda: run_prompt(config, args.text, agent=args.to, cwd=args.cwd, approve=args.yes)
+        )
         print(f"[stop reason: {stop}]", file=sys.stderr)
         return 0
-    parser.error(f"unknown command {args.command}")
+    if args.command == "audit":
+        return _audit(config, follow=args.follow, as_json=args.json)
+    raise AssertionError(f"unknown command {args.command}")
+
+
+def _audit(config: Config, *, follow: bool, as_json: bool) -> int:
+    """``acp-bridge audit``: the store's audit records, oldest first (``--follow``: and on)."""
+    import json
+
+    from acp_bridge._store import follow as follow_store
+    from acp_bridge._store import format_audit, open_store
+
+    store = open_store(config.store.resolved_path())
+    try:
+        rows = follow_store(store) if follow else iter(store.audit(limit=10**9))
+        for row in rows:
+            print(json.dumps(row) if as_json else format_audit(row), flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        store.close()
+    return 0

@@ -106,8 +106,14 @@ class Session:
     setup: dict[str, Any] = attrs.field(factory=dict)
     #: agent requests that were waiting on a client that went away: shown again on reattach
     parked: list[Any] = attrs.field(factory=list)
+    #: answers to requests of a connection that went away: (history position, message)
+    held_responses: list[tuple[int, bytes]] = attrs.field(factory=list)
     #: when a detached session is closed (clock seconds), None while attached
     detach_deadline: float | None = None
+    #: the session's roots: [cwd, *additionalDirectories] (agents' file access stays inside)
+    roots: tuple[str, ...] = ()
+    #: declared unattended at session/new: nobody will answer its approvals
+    unattended: bool = False
 
 
 class SessionTable:
@@ -247,12 +253,13 @@ class PendingTable(Generic[T]):
         return entries
 
 
-@attrs.define(slots=True)
+@attrs.define(slots=True, eq=False)
 class Forwarded:
     """
     A request the bridge forwarded: who asked, with which id, and for which session.
 
     ``origin`` is the link the request came from (a client or an agent, opaque here).
+    Identity is the object (usable as a key: a timer, a parked request).
     """
 
     origin: Any
@@ -261,3 +268,5 @@ class Forwarded:
     session: Session | None = None
     #: extra context the bridge needs when the answer comes (e.g. the agent chosen)
     context: Any = None
+    #: the approval state of a permission request the client is asked (see _approvals)
+    extra: Any = None

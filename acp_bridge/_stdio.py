@@ -17,7 +17,9 @@ import structlog
 import trio
 
 from acp_bridge._agent import Reaper, make_subprocess_launcher
+from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
+from acp_bridge._store import open_store
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -48,23 +50,38 @@ async def with_bridge(
     Run a bridge with real agent processes around ``body(bridge)``; stop everything after it.
 
     Agents are stopped first (gracefully: stdin EOF → SIGTERM → SIGKILL), then the reaper
-    watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way.
+    watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way. The store
+    (``[store] path``) holds the audit trail; it is opened first and closed last.
+
+    Raises:
+        StoreError: the store cannot be opened (or is of a newer schema).
     """
-    async with trio.open_nursery() as outer:
-        reaper: Reaper | None = None
-        if launcher is None:
-            reaper = Reaper()
-            await outer.start(reaper.run)
-            launcher = make_subprocess_launcher(reaper=reaper, stop_grace=config.bridge.stop_grace)
-        outer.start_soon(_cancel_on_signals, outer.cancel_scope)
-        async with trio.open_nursery() as inner:
-            bridge = Bridge(config, launcher, agent_client_capabilities=agent_client_capabilities)
-            await inner.start(bridge.run)
-            try:
-                await body(bridge)
-            finally:
-                inner.cancel_scope.cancel()
-        outer.cancel_scope.cancel()
+    store = await trio.to_thread.run_sync(open_store, config.store.resolved_path())
+    try:
+        async with trio.open_nursery() as outer:
+            reaper: Reaper | None = None
+            if launcher is None:
+                reaper = Reaper()
+                await outer.start(reaper.run)
+                launcher = make_subprocess_launcher(
+                    reaper=reaper, stop_grace=config.bridge.stop_grace
+                )
+            outer.start_soon(_cancel_on_signals, outer.cancel_scope)
+            async with trio.open_nursery() as inner:
+                bridge = Bridge(
+                    config,
+                    launcher,
+                    agent_client_capabilities=agent_client_capabilities,
+                    audit=AuditLog(store),
+                )
+                await inner.start(bridge.run)
+                try:
+                    await body(bridge)
+                finally:
+                    inner.cancel_scope.cancel()
+            outer.cancel_scope.cancel()
+    finally:
+        store.close()
 
 
 async def _cancel_on_signals(scope: trio.CancelScope) -> None:

@@ -13,3 +13,9 @@ def _logs_to_stderr():
     configure_logging(level="debug", fmt="json", stream=sys.stderr)
     yield
     reset_logging()
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path_factory, monkeypatch):
+    """Every test (and every process it starts) keeps its store and token in its own place."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))

@@ -12,6 +12,7 @@ import functools
 import itertools
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 import trio.testing
 
@@ -359,11 +360,14 @@ class TestClient:
             await self.changed.wait()
 
 
-def make_config(agents: dict[str, FakeAgent], **bridge: Any) -> Config:
-    return Config(
+def make_config(agents: dict[str, FakeAgent], *, policy: Any = None, **bridge: Any) -> Config:
+    config = Config(
         agents={name: AgentConfig(name=name, command="fake", start_timeout=5) for name in agents},
         bridge=BridgeConfig(**bridge),
     )
+    if policy is not None:
+        config = attrs.evolve(config, policy=policy)
+    return config
 
 
 @contextlib.asynccontextmanager
@@ -372,14 +376,21 @@ async def open_bridge(
     *,
     initialize: bool = True,
     agent_client_capabilities: dict[str, Any] | None = None,
+    policy: Any = None,
+    audit: Any = None,
     **bridge: Any,
 ) -> AsyncIterator[tuple[TestClient, Bridge]]:
     """A bridge over fake agents with one client attached (initialized unless told not to)."""
-    config = make_config(agents, **bridge)
+    config = make_config(agents, policy=policy, **bridge)
     launcher = make_in_process_launcher(dict(agents))
     async with trio.open_nursery() as nursery:
         b: Bridge = await nursery.start(
-            Bridge(config, launcher, agent_client_capabilities=agent_client_capabilities).run
+            Bridge(
+                config,
+                launcher,
+                agent_client_capabilities=agent_client_capabilities,
+                audit=audit,
+            ).run
         )
         client_side, bridge_side = trio.testing.memory_stream_pair()
         nursery.start_soon(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import trio
 import trio.testing
 
@@ -244,3 +246,42 @@ async def test_history_trimmed_load_says_resync_required():
         assert response["result"]["_meta"]["acp_bridge"]["complete"] is False
         warning = await client.wait_for(lambda m: m.get("method") == "_acp_bridge/log")
         assert "resync required" in warning["params"]["data"]["message"]
+
+
+async def test_an_answer_that_comes_while_detached_is_delivered_on_reattach():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (first, bridge):
+        sid = await first.new_session()
+        async with trio.open_nursery() as nursery:
+            params = {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]}
+            nursery.start_soon(functools.partial(first.request, "session/prompt", params, id=7))
+            await first.wait_for(lambda m: "waiting" in str(m))
+            await first.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            a._cancel_events["s1"].set()  # the turn ends while nobody is attached
+            await trio.testing.wait_all_tasks_blocked()
+            second = await connect(bridge, nursery)
+            await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            answer = await second.wait_for(lambda m: m.get("id") == 7)
+            assert answer["result"]["stopReason"] == "cancelled"
+            nursery.cancel_scope.cancel()
+
+
+async def test_takeover_moves_running_requests_and_the_first_gets_cancelled():
+    """Exactly one answer each: the old connection is told -32800, the new one gets the turn."""
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (first, bridge):
+        sid = await first.new_session()
+        async with trio.open_nursery() as nursery:
+            params = {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]}
+            nursery.start_soon(functools.partial(first.request, "session/prompt", params, id=7))
+            await first.wait_for(lambda m: "waiting" in str(m))
+            second = await connect(bridge, nursery)
+            await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            told = await first.wait_for(lambda m: m.get("id") == 7)
+            assert told["error"]["code"] == -32800
+            await second.notify("session/cancel", {"sessionId": sid})
+            answer = await second.wait_for(lambda m: m.get("id") == 7)
+            assert answer["result"]["stopReason"] == "cancelled"
+            assert len([m for m in first.received if m.get("id") == 7]) == 1
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,471 @@
+"""
+Approvals: every ``session/request_permission`` passes one policy, and ends exactly once.
+
+The rules decide first (``_policy.decide``, pure). What they leave to a human is shown to the
+client attached to the session, under a deadline; nobody attached (or a session declared
+unattended) means deny. Whatever settles a request (the client, a rule, ``session/cancel``, the
+deadline, the end of a detach grace period, the agent's exit), :meth:`Approvals.settle` is the
+only way out: it answers the agent once, tells a client that was shown the request and did not
+answer it (``_acp_bridge/permission_resolved``), and writes one audit record. A late or second
+answer is refused and audited. **A timeout never grants.**
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import structlog
+import trio
+
+from acp_bridge._containment import PathRefused, contain
+from acp_bridge._jsonrpc import dumps, notification, request, result
+from acp_bridge._policy import Action, Decision, PermissionRequest, choose_option, decide
+from acp_bridge._policy import reject_option as _reject_option
+from acp_bridge._routing import Forwarded
+from acp_bridge._store import AuditRecord
+
+if TYPE_CHECKING:
+    from acp_bridge._audit import AuditLog
+    from acp_bridge._bridge import AgentLink, Bridge, ClientLink
+    from acp_bridge._jsonrpc import JsonObject, JsonRpcId
+    from acp_bridge._policy import Option, Policy
+    from acp_bridge._routing import Session
+
+logger = structlog.get_logger("acp_bridge.approvals")
+
+PERMISSION: Final = "session/request_permission"
+#: answers remembered per client to tell a late answer from an unknown one
+SETTLED_REMEMBERED: Final = 4096
+#: bytes of a file hashed to notice that it changed under a pending edit approval
+DIGEST_MAX_BYTES: Final = 64 * 1024 * 1024
+
+_ALLOW_KINDS: Final = frozenset({"allow_once", "allow_always"})
+_REJECT_KINDS: Final = frozenset({"reject_once", "reject_always"})
+
+
+@attrs.define(eq=False)
+class Ask:
+    """The state of one permission request the bridge put to a human."""
+
+    request: PermissionRequest
+    #: file digests taken when the request came, for an edit (path → sha256, None: missing)
+    digests: dict[str, str | None] | None = None
+    #: the client and id it is shown under now (None: parked, waiting for a client)
+    shown: tuple[ClientLink, int] | None = None
+    reasked: bool = False
+    settled: bool = False
+
+
+def _selected(option: Option | None) -> JsonObject:
+    if option is None:
+        return {"outcome": "cancelled"}
+    return {"outcome": "selected", "optionId": option.option_id}
+
+
+def _verdict(outcome: JsonObject, request: PermissionRequest) -> tuple[str, str | None]:
+    """(decision, option id) of an outcome: allow, deny, cancelled, or other."""
+    if outcome.get("outcome") != "selected":
+        return "cancelled", None
+    option_id = outcome.get("optionId")
+    kind = next((o.kind for o in request.options if o.option_id == option_id), None)
+    if kind in _ALLOW_KINDS:
+        return "allow", option_id if isinstance(option_id, str) else None
+    if kind in _REJECT_KINDS:
+        return "deny", option_id if isinstance(option_id, str) else None
+    return "other", option_id if isinstance(option_id, str) else None
+
+
+def _hash_files(paths: list[str]) -> dict[str, str | None]:
+    digests: dict[str, str | None] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                h = hashlib.sha256()
+                remaining = DIGEST_MAX_BYTES
+                while remaining > 0 and (chunk := f.read(min(1 << 20, remaining))):
+                    h.update(chunk)
+                    remaining -= len(chunk)
+                if remaining <= 0:
+                    h.update(str(f.seek(0, 2)).encode())  # beyond the cap: its size counts
+                digests[path] = h.hexdigest()
+        except OSError:
+            digests[path] = None
+    return digests
+
+
+class Approvals:
+    """The approval policy at work for one bridge."""
+
+    def __init__(self, bridge: Bridge, policy: Policy, audit: AuditLog) -> None:
+        self._bridge = bridge
+        self.policy = policy
+        self.audit = audit
+        #: per client: ids of permission requests already settled (late answers are refused)
+        self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
+
+    # ------------------------------------------------------------------ a request arrives
+
+    async def permission_request(
+        self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        """An agent asks: decide by rule, deny when unattended, or ask the attached human."""
+        agent_id = msg["id"]
+        req = PermissionRequest.from_params(params)
+        decision = decide(req, self.policy, agent.name)
+        client = session.client if session.client is not None else None
+        if client is not None and client.closed:
+            client = None
+        if decision.action is not Action.ASK:
+            option = choose_option(decision, req.options)
+            if option is not None:
+                await self._answer(
+                    agent,
+                    agent_id,
+                    _selected(option),
+                    req,
+                    session,
+                    source=decision.rule or "default",
+                )
+                return
+            detail = f"the rule says {decision.action.value}, but no such option is offered"
+            if client is None or session.unattended:
+                await self._answer(
+                    agent,
+                    agent_id,
+                    _selected(None),
+                    req,
+                    session,
+                    source=decision.rule or "default",
+                    detail=detail,
+                )
+                return
+        if client is None or session.unattended:
+            reason = "no client attached" if client is None else "session is unattended"
+            await self._answer(
+                agent,
+                agent_id,
+                _selected(_reject_option(req.options)),
+                req,
+                session,
+                source="unattended",
+                detail=reason,
+            )
+            if client is not None:
+                await self._bridge.send_log(
+                    client,
+                    "warning",
+                    f"permission request denied: {reason}",
+                    session=session,
+                    toolCallId=req.tool_call_id,
+                )
+            return
+        digests = await self._digests(session, req) if req.kind == "edit" and req.paths else None
+        entry = Forwarded(agent, agent_id, PERMISSION, session, params, Ask(req, digests))
+        deadline = trio.current_time() + self.policy.ask_timeout
+        self._bridge.deadlines.schedule(
+            ("ask", entry), deadline, functools.partial(self.timed_out, entry)
+        )
+        await self.show(entry, client)
+
+    async def show(self, entry: Forwarded, client: ClientLink, *, note: str | None = None) -> None:
+        """Put a request to a client (first time, after a reattach, or asked again)."""
+        ask: Ask = entry.extra
+        session = entry.session
+        assert session is not None
+        agent = entry.origin
+        client_id = client.pending.add(entry)
+        ask.shown = (client, client_id)
+        agent.inflight[entry.origin_id] = (client, client_id)
+        session.pending_permissions.add(client_id)
+        params = dict(entry.context)
+        params["sessionId"] = session.bridge_id
+        if note is not None:
+            meta = dict(params.get("_meta") or {})
+            meta["acp_bridge"] = {**(meta.get("acp_bridge") or {}), "note": note}
+            params["_meta"] = meta
+        await client.send(dumps(request(client_id, PERMISSION, params)))
+
+    async def _digests(self, session: Session, req: PermissionRequest) -> dict[str, str | None]:
+        paths = []
+        for path in req.paths:
+            try:
+                paths.append(contain(path, session.roots, ()))
+            except PathRefused:
+                continue  # not ours to read; the edit itself will be refused if attempted
+        if not paths:
+            return {}
+        return await trio.to_thread.run_sync(_hash_files, paths)
+
+    # ------------------------------------------------------------------ ways it ends
+
+    async def client_answer(
+        self, client: ClientLink, client_id: int, entry: Forwarded, msg: JsonObject
+    ) -> None:
+        """The client answered a request it was shown (the entry is already off its table)."""
+        ask: Ask = entry.extra
+        session = entry.session
+        assert session is not None
+        session.pending_permissions.discard(client_id)
+        ask.shown = None
+        if "error" in msg:
+            # Not an outcome: the agent learns of the failure as it is.
+            await self.settle(
+                entry,
+                None,
+                source="client",
+                connection=client,
+                error=msg["error"],
+                detail="the client answered with an error",
+            )
+            return
+        res = msg.get("result")
+        outcome = res.get("outcome") if isinstance(res, dict) else None
+        if not isinstance(outcome, dict):
+            outcome = {"outcome": "cancelled"}
+        verdict, _ = _verdict(outcome, ask.request)
+        if verdict == "allow" and ask.digests:
+            now = await trio.to_thread.run_sync(_hash_files, list(ask.digests))
+            if now != ask.digests:
+                changed = sorted(p for p in now if now[p] != ask.digests.get(p))
+                if not ask.reasked and not client.closed:
+                    ask.reasked = True
+                    ask.digests = now
+                    await self._record(
+                        entry,
+                        "stale",
+                        "client",
+                        connection=client,
+                        detail=f"changed since asked: {', '.join(changed)}; asked again",
+                    )
+                    await self.show(
+                        entry,
+                        client,
+                        note="the file(s) changed since this was asked: " + ", ".join(changed),
+                    )
+                    return
+                await self.settle(
+                    entry,
+                    _selected(_reject_option(ask.request.options)),
+                    source="stale",
+                    connection=client,
+                    detail=f"changed since asked: {', '.join(changed)}",
+                )
+                return
+        await self.settle(entry, outcome, source="client", connection=client)
+
+    async def timed_out(self, entry: Forwarded) -> None:
+        """Nobody answered in time: deny. A timeout never grants."""
+        ask: Ask = entry.extra
+        await self.settle(
+            entry,
+            _selected(_reject_option(ask.request.options)),
+            source="timeout",
+            detail=f"no answer within {self.policy.ask_timeout:g}s",
+        )
+
+    async def settle_session(self, session: Session, source: str) -> None:
+        """``session/cancel`` (or close): every pending request of the session → cancelled."""
+        client = session.client
+        entries = []
+        if client is not None:
+            for client_id in sorted(session.pending_permissions):
+                entry = client.pending.get(client_id)
+                if entry is not None and isinstance(entry.extra, Ask):
+                    entries.append(entry)
+        entries += [e for e in session.parked if isinstance(e.extra, Ask)]
+        for entry in entries:
+            await self.settle(entry, {"outcome": "cancelled"}, source=source)
+
+    async def unattended(self, entry: Forwarded, reason: str) -> None:
+        """A parked or orphaned request: deny (the grace period ended, the client is gone)."""
+        ask: Ask = entry.extra
+        await self.settle(
+            entry, _selected(_reject_option(ask.request.options)), source=reason, detail=reason
+        )
+
+    async def agent_gone(self, entry: Forwarded) -> None:
+        """The agent that asked exited: settled without an answer (nobody to give it to)."""
+        await self.settle(entry, None, source="agent_exit", answer_agent=False)
+
+    async def settle(
+        self,
+        entry: Forwarded,
+        outcome: JsonObject | None,
+        *,
+        source: str,
+        connection: ClientLink | None = None,
+        detail: str | None = None,
+        error: Any = None,
+        answer_agent: bool = True,
+    ) -> bool:
+        """
+        End a shown (or parked) permission request: exactly once. Returns False if it had
+        already ended.
+        """
+        ask: Ask = entry.extra
+        if ask.settled:
+            return False
+        ask.settled = True
+        bridge = self._bridge
+        bridge.deadlines.cancel(("ask", entry))
+        session = entry.session
+        assert session is not None
+        agent: AgentLink = entry.origin
+        agent.inflight.pop(entry.origin_id, None)
+        if entry in session.parked:
+            session.parked.remove(entry)
+        shown, ask.shown = ask.shown, None
+        if shown is not None:
+            client, client_id = shown
+            client.pending.pop(client_id)
+            session.pending_permissions.discard(client_id)
+            self._remember_settled(client, client_id)
+            if source != "client":
+                await client.send(
+                    dumps(
+                        notification(
+                            "_acp_bridge/permission_resolved",
+                            {
+                                "sessionId": session.bridge_id,
+                                "requestId": client_id,
+                                "outcome": outcome or {"outcome": "cancelled"},
+                                "reason": source,
+                            },
+                        )
+                    )
+                )
+        if answer_agent:
+            if error is not None:
+                agent.send_nowait(dumps({"jsonrpc": "2.0", "id": entry.origin_id, "error": error}))
+            else:
+                agent.send_nowait(
+                    dumps(result(entry.origin_id, {"outcome": outcome or {"outcome": "cancelled"}}))
+                )
+        verdict, option_id = _verdict(outcome or {}, ask.request)
+        if error is not None:
+            verdict = "error"
+        elif outcome is None:
+            verdict = "cancelled"
+        await self._record(
+            entry, verdict, source, option_id=option_id, connection=connection, detail=detail
+        )
+        return True
+
+    async def late_answer(self, client: ClientLink, client_id: JsonRpcId) -> bool:
+        """An answer to a request that already ended: refused and audited. False: unknown id."""
+        settled = self._settled.get(client)
+        if type(client_id) is not int or settled is None or client_id not in settled:
+            return False
+        logger.info("late_answer_refused", client=client.name, request=client_id)
+        await self.audit.record(
+            AuditRecord(
+                session=None,
+                agent=None,
+                decision="refused",
+                source="late_answer",
+                connection=client.name,
+                detail=f"answer to request {client_id} after it was settled",
+            )
+        )
+        return True
+
+    def forget_client(self, client: ClientLink) -> None:
+        self._settled.pop(client, None)
+
+    def _remember_settled(self, client: ClientLink, client_id: int) -> None:
+        settled = self._settled.setdefault(client, collections.OrderedDict())
+        settled[client_id] = None
+        if len(settled) > SETTLED_REMEMBERED:
+            settled.popitem(last=False)
+
+    # ------------------------------------------------------------------ audit
+
+    async def _answer(
+        self,
+        agent: AgentLink,
+        agent_id: JsonRpcId,
+        outcome: JsonObject,
+        req: PermissionRequest,
+        session: Session,
+        *,
+        source: str,
+        detail: str | None = None,
+    ) -> None:
+        """Answer the agent at once (rule or unattended): nothing is shown to anyone."""
+        agent.send_nowait(dumps(result(agent_id, {"outcome": outcome})))
+        verdict, option_id = _verdict(outcome, req)
+        await self.audit.record(
+            _record_for(session, agent.name, req, verdict, source, option_id, None, detail)
+        )
+
+    async def _record(
+        self,
+        entry: Forwarded,
+        verdict: str,
+        source: str,
+        *,
+        option_id: str | None = None,
+        connection: ClientLink | None = None,
+        detail: str | None = None,
+    ) -> None:
+        ask: Ask = entry.extra
+        session = entry.session
+        assert session is not None
+        await self.audit.record(
+            _record_for(
+                session,
+                session.agent,
+                ask.request,
+                verdict,
+                source,
+                option_id,
+                connection.name if connection is not None else None,
+                detail,
+            )
+        )
+
+    async def file_refused(
+        self, session: Session, agent: AgentLink, method: str, path: object, exc: PathRefused
+    ) -> None:
+        await self.audit.record(
+            AuditRecord(
+                session=session.bridge_id,
+                agent=agent.name,
+                decision="refused",
+                source="containment",
+                title=method,
+                detail=f"{exc.reason}: {path!r}",
+            )
+        )
+
+
+def _record_for(
+    session: Session,
+    agent: str,
+    req: PermissionRequest,
+    verdict: str,
+    source: str,
+    option_id: str | None,
+    connection: str | None,
+    detail: str | None,
+) -> AuditRecord:
+    return AuditRecord(
+        session=session.bridge_id,
+        agent=agent,
+        decision=verdict,
+        source=source,
+        tool_call_id=req.tool_call_id,
+        title=req.title,
+        kind=req.kind,
+        options=tuple(o.option_id for o in req.options),
+        option_id=option_id,
+        connection=connection,
+        detail=detail,
+    )
+
+
+__all__ = ["Approvals", "Ask", "Decision"]

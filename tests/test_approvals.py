@@ -1,0 +1,284 @@
+"""The approval policy at work: rules, unattended, deadlines, one settlement, audit, files."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import trio
+import trio.testing
+
+from acp_bridge._audit import AuditLog
+from acp_bridge._policy import parse_policy
+from acp_bridge._store import open_store
+
+from .fakes import FakeAgent, open_bridge
+
+OPTIONS = [
+    {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "always", "name": "Always", "kind": "allow_always"},
+    {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+]
+
+
+def policy(**table):
+    parsed, problems = parse_policy(table)
+    assert problems == []
+    return parsed
+
+
+def permission(sid="s1", *, call="t1", kind="edit", title="edit it", paths=(), options=OPTIONS):
+    tool_call = {"toolCallId": call, "title": title, "kind": kind}
+    if paths:
+        tool_call["locations"] = [{"path": p} for p in paths]
+    return {"sessionId": sid, "toolCall": tool_call, "options": list(options)}
+
+
+def outcome_of(answer):
+    return answer["result"]["outcome"]
+
+
+async def ask_many(agent, n, results, **kw):
+    async def one(i):
+        results[i] = await agent.call("session/request_permission", permission(call=f"t{i}", **kw))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+
+
+async def test_timeout_never_grants(autojump_clock):
+    """1,000 requests shown to a client that never answers: all denied at the deadline."""
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(ask_timeout=30)) as (client, bridge):
+        await client.new_session()
+        results = {}
+        await ask_many(agent, 1000, results)
+        assert trio.current_time() == 30
+        outcomes = [outcome_of(r) for r in results.values()]
+        assert outcomes == [{"outcome": "selected", "optionId": "no"}] * 1000
+        resolved = [
+            m for m in client.received if m.get("method") == "_acp_bridge/permission_resolved"
+        ]
+        assert len(resolved) == 1000
+        assert {m["params"]["reason"] for m in resolved} == {"timeout"}
+        sources = [r.source for r in bridge.audit.recent]
+        assert sources.count("timeout") == 1000
+        assert not [r for r in bridge.audit.recent if r.decision == "allow"]
+
+
+async def test_no_client_attached_means_deny_at_once(autojump_clock):
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session()
+        await client.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        results = {}
+        await ask_many(agent, 1000, results)
+        assert trio.current_time() == 0
+        assert [outcome_of(r) for r in results.values()] == [
+            {"outcome": "selected", "optionId": "no"}
+        ] * 1000
+        assert {r.source for r in bridge.audit.recent} == {"unattended"}
+
+
+async def test_no_reject_option_offered_means_cancelled_never_allow():
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, _):
+        await client.new_session()
+        await client.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        answer = await agent.call("session/request_permission", permission(options=OPTIONS[:2]))
+        assert outcome_of(answer) == {"outcome": "cancelled"}
+
+
+async def test_rules_answer_with_the_agents_own_options_and_nothing_is_shown():
+    rules = [
+        {"id": "reads", "kind": "read", "action": "allow"},
+        {"id": "always-search", "kind": "search", "action": "allow", "remember": True},
+        {"id": "no-delete", "kind": "delete", "action": "deny"},
+    ]
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(rules=rules)) as (client, bridge):
+        await client.new_session()
+        read = await agent.call("session/request_permission", permission(kind="read"))
+        search = await agent.call("session/request_permission", permission(kind="search"))
+        delete = await agent.call("session/request_permission", permission(kind="delete"))
+        assert outcome_of(read) == {"outcome": "selected", "optionId": "yes"}
+        assert outcome_of(search) == {"outcome": "selected", "optionId": "always"}
+        assert outcome_of(delete) == {"outcome": "selected", "optionId": "no"}
+        assert not [m for m in client.received if m.get("method") == "session/request_permission"]
+        assert [(r.decision, r.source) for r in bridge.audit.recent] == [
+            ("allow", "reads"),
+            ("allow", "always-search"),
+            ("deny", "no-delete"),
+        ]
+
+
+async def test_a_rule_whose_option_is_missing_asks_the_attached_client():
+    agent = FakeAgent("a")
+    deny_all = policy(default="deny")
+    async with open_bridge({"a": agent}, policy=deny_all) as (client, _):
+        await client.new_session()
+        async with trio.open_nursery() as nursery:
+            results = {}
+            nursery.start_soon(functools.partial(ask_many, agent, 1, results, options=OPTIONS[:2]))
+            shown = await client.agent_requests.receive()
+            await client.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": shown["id"],
+                    "result": {"outcome": {"outcome": "cancelled"}},
+                }
+            )
+        assert outcome_of(results[0]) == {"outcome": "cancelled"}
+
+
+async def test_cancel_settles_50_pending_at_once_and_late_answers_are_refused_and_audited():
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        sid = await client.new_session()
+        results = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask_many, agent, 50, results)
+            shown = [await client.agent_requests.receive() for _ in range(50)]
+            await client.notify("session/cancel", {"sessionId": sid})
+        assert [outcome_of(r) for r in results.values()] == [{"outcome": "cancelled"}] * 50
+        # Late: the client answers "allow" to every one of them afterwards.
+        for req in shown:
+            await client.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": req["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
+                }
+            )
+        await client.call("_acp_bridge/agents", {})  # a round trip: the answers were handled
+        late = [r for r in bridge.audit.recent if r.source == "late_answer"]
+        assert len(late) == 50
+        assert {r.decision for r in late} == {"refused"}
+        # The agent got exactly one answer per request, and never an allow.
+        answers = [m for m in agent.received if "result" in m and "outcome" in m["result"]]
+        assert len(answers) == 50
+        assert {m["result"]["outcome"]["outcome"] for m in answers} == {"cancelled"}
+
+
+async def test_unattended_session_denies_and_says_why():
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session(_meta={"acp_bridge": {"unattended": True}})
+        answer = await agent.call("session/request_permission", permission())
+        assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}
+        told = await client.wait_for(lambda m: m.get("method") == "_acp_bridge/log")
+        assert "unattended" in told["params"]["data"]["message"]
+        assert bridge.audit.recent[-1].source == "unattended"
+        elicit = await agent.call(
+            "elicitation/create",
+            {"sessionId": "s1", "mode": "form", "message": "name?", "requestedSchema": {}},
+        )
+        assert elicit["result"] == {"action": "decline"}
+
+
+async def test_agent_exit_settles_what_it_asked_and_the_client_is_told():
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.prompt, sid, "permission")
+            await client.agent_requests.receive()
+            await client.prompt(sid, "crash")
+            resolved = await client.wait_for(
+                lambda m: m.get("method") == "_acp_bridge/permission_resolved"
+            )
+            assert resolved["params"]["reason"] == "agent_exit"
+            nursery.cancel_scope.cancel()
+        assert bridge.audit.recent[-1].source == "agent_exit"
+
+
+async def test_stale_approval_is_asked_again_then_denied(tmp_path):
+    """An edit approval answered after the file changed is not delivered as is."""
+    target = tmp_path / "f.txt"
+    target.write_text("one")
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session(cwd=str(tmp_path))
+        results = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(ask_many, agent, 1, results, paths=[str(target)]))
+            first = await client.agent_requests.receive()
+            target.write_text("two")
+            allow = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+            await client.send({"jsonrpc": "2.0", "id": first["id"], "result": allow})
+            again = await client.agent_requests.receive()
+            assert "changed" in again["params"]["_meta"]["acp_bridge"]["note"]
+            target.write_text("three")
+            await client.send({"jsonrpc": "2.0", "id": again["id"], "result": allow})
+        assert outcome_of(results[0]) == {"outcome": "selected", "optionId": "no"}
+        assert [r.source for r in bridge.audit.recent][-2:] == ["client", "stale"]
+
+
+async def test_unchanged_file_approval_is_delivered(tmp_path):
+    target = tmp_path / "f.txt"
+    target.write_text("one")
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, _):
+        await client.new_session(cwd=str(tmp_path))
+        results = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(ask_many, agent, 1, results, paths=[str(target)]))
+            first = await client.agent_requests.receive()
+            await client.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": first["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
+                }
+            )
+        assert outcome_of(results[0]) == {"outcome": "selected", "optionId": "yes"}
+
+
+async def test_file_access_outside_the_roots_is_refused_and_audited(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    (tmp_path / "secret.txt").write_text("canary")
+    os.symlink(tmp_path / "secret.txt", root / "link.txt")
+    (root / "ok.txt").write_text("fine")
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        sid = await client.new_session(cwd=str(root))
+        for path in (f"{root}/../secret.txt", f"{root}/link.txt", "relative.txt", f"{root}/.env"):
+            answer = await agent.call("fs/read_text_file", {"sessionId": "s1", "path": path})
+            assert answer["error"]["code"] == -32602, path
+        refused = [r for r in bridge.audit.recent if r.source == "containment"]
+        assert len(refused) == 4
+        assert not [m for m in client.received if m.get("method") == "fs/read_text_file"]
+        # Inside: forwarded, with the resolved path.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                agent.call, "fs/read_text_file", {"sessionId": "s1", "path": f"{root}/./ok.txt"}
+            )
+            shown = await client.agent_requests.receive()
+            assert shown["params"] == {"sessionId": sid, "path": str((root / "ok.txt").resolve())}
+            await client.send({"jsonrpc": "2.0", "id": shown["id"], "result": {"content": "x"}})
+
+
+async def test_audit_records_reach_the_store(tmp_path):
+    store = open_store(str(tmp_path / "bridge.db"))
+    agent = FakeAgent("a")
+    rules = [{"id": "reads", "kind": "read", "action": "allow"}]
+    async with open_bridge({"a": agent}, policy=policy(rules=rules), audit=AuditLog(store)) as (
+        client,
+        bridge,
+    ):
+        await client.new_session()
+        await agent.call("session/request_permission", permission(kind="read"))
+        with trio.fail_after(5):
+            await bridge.audit.wait_written(1)
+    [row] = store.audit()
+    assert (row["decision"], row["source"], row["option_id"], row["agent"]) == (
+        "allow",
+        "reads",
+        "yes",
+        "a",
+    )
+    assert row["options"] == ["yes", "always", "no"]

@@ -163,13 +163,17 @@ class ClientLink:
 
     _ids = itertools.count(1)
 
+    #: ids of requests the bridge sends to clients: unique across all connections, so an
+    #: answer meant for a request of a dead connection can never settle a new one
+    _request_ids = itertools.count(1)
+
     def __init__(self, *, name: str, queue_size: int, blocking: bool) -> None:
         self.id = next(self._ids)
         self.name = name
         self.blocking = blocking
         self._send, self._receive = trio.open_memory_channel[bytes](queue_size)
         #: requests the bridge sent to this client (forwarded agent requests)
-        self.pending: PendingTable[Forwarded] = PendingTable()
+        self.pending: PendingTable[Forwarded] = PendingTable(ClientLink._request_ids)
         #: this client's requests still out at an agent: client id → (agent, id on agent link)
         self.inflight: dict[JsonRpcId, tuple[AgentLink, int]] = {}
         self.capabilities: JsonObject = {}
@@ -457,14 +461,20 @@ class Bridge:
         self.approvals.forget_client(client)
 
     async def _detach(self, session: Session) -> None:
+        if self.config.bridge.detach_grace <= 0:
+            session.client = None
+            session.pending_permissions.clear()
+            await self._expire(session)
+            return
+        self._schedule_detach(session)
+
+    def _schedule_detach(self, session: Session) -> None:
+        """Nobody owns the session now: it lives ``detach_grace`` seconds more, unless taken."""
         session.client = None
         session.pending_permissions.clear()
         grace = self.config.bridge.detach_grace
         self.log.info("session_detached", session=session.bridge_id, grace=grace)
-        if grace <= 0:
-            await self._expire(session)
-            return
-        session.detach_deadline = trio.current_time() + grace
+        session.detach_deadline = trio.current_time() + max(grace, 0.0)
         self.deadlines.schedule(
             ("detach", session), session.detach_deadline, functools.partial(self._expire, session)
         )
@@ -536,8 +546,8 @@ class Bridge:
         """Answers that came while nobody was attached, up to history position ``upto``."""
         if not session.held_responses:
             return []
-        out = [data for seq, data in session.held_responses if seq <= upto]
-        session.held_responses = [(q, d) for q, d in session.held_responses if q > upto]
+        out = [data for seq, _, data in session.held_responses if seq <= upto]
+        session.held_responses = [h for h in session.held_responses if h[0] > upto]
         return out
 
     async def _present_parked(self, session: Session, client: ClientLink) -> None:
@@ -868,42 +878,54 @@ class Bridge:
         """
         ``session/load`` / ``session/resume`` of a live session, served by the bridge.
 
-        load replays the session's history (after ``_meta.acp_bridge.after_seq`` if given),
-        then answers; resume answers at once. Either way the client becomes the owner, and
-        agent requests waiting on a previous connection are shown to it.
+        load replays the session's history, then answers; with
+        ``_meta.acp_bridge.after_seq: N`` it replays only what the live stream carried after
+        update N (a catch-up: not the user's own prompts). resume answers at once. Either way
+        the client becomes the owner, agent requests waiting on a previous connection are
+        shown to it, and the answer's ``_meta.acp_bridge`` says ``lastSeq``, whether the
+        replay is ``complete``, and which of the client's requests (``pending``: ids) are
+        still to be answered on this connection.
         """
-        after = 0
-        if msg["method"] == "session/load":
-            value = _bridge_meta(params).get("after_seq")
-            if value is not None and (type(value) is not int or value < 0):
-                raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
-            after = value or 0
+        load = msg["method"] == "session/load"
+        requested = _bridge_meta(params).get("after_seq") if load else None
+        if requested is not None and (type(requested) is not int or requested < 0):
+            raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
+        catch_up = requested is not None
+        after: int = requested or 0
         history = self._history(session)
-        result: JsonObject = dict(session.setup)
         complete = True
-        if msg["method"] == "session/load":
-            entries, complete = history.after(after)
+        if load:
+            entries, complete = history.after(after, live_only=catch_up)
             for data in self._take_held(session, after):
                 await client.send_wait(data)
             for seq, data in entries:
                 await client.send_wait(self._stamped(client, seq, data))
                 after = seq
-                for data in self._take_held(session, seq):
-                    await client.send_wait(data)
-            result["_meta"] = {"acp_bridge": {"lastSeq": history.last_seq, "complete": complete}}
+                for held in self._take_held(session, seq):
+                    await client.send_wait(held)
         else:
             after = history.last_seq  # resume: no replay
+        result: JsonObject = dict(session.setup)
+        result["_meta"] = {
+            "acp_bridge": {
+                "lastSeq": history.last_seq,
+                "complete": complete,
+                "pending": self._answers_owed(session, client),
+            }
+        }
         await client.send_wait(dumps(result_msg(msg["id"], result)))
         # Updates that came in meanwhile were kept, not sent: send them, then switch the live
         # stream over with no await in between (nothing lost, nothing twice).
         while history.last_seq > after:
-            entries, caught_up = history.after(after)
+            entries, caught_up = history.after(after, live_only=catch_up)
             complete = complete and caught_up
+            if not entries:
+                break
             for seq, data in entries:
                 await client.send_wait(self._stamped(client, seq, data))
                 after = seq
-                for data in self._take_held(session, seq):
-                    await client.send_wait(data)
+                for held in self._take_held(session, seq):
+                    await client.send_wait(held)
         if not complete:
             await self.send_log(
                 client,
@@ -913,6 +935,19 @@ class Bridge:
                 firstSeq=history.first_seq,
             )
         await self._attach(session, client)
+
+    def _answers_owed(self, session: Session, client: ClientLink) -> list[JsonRpcId]:
+        """Ids of requests whose answers will go to ``client`` once it owns the session."""
+        owner = session.client
+        agent = self.agents[session.agent]
+        ids: list[JsonRpcId] = [origin_id for _, origin_id, _ in session.held_responses]
+        for _, entry in agent.pending.find(
+            lambda e: isinstance(e, Forwarded) and e.session is session
+        ):
+            assert isinstance(entry, Forwarded)
+            if entry.origin is client or entry.origin.closed or entry.origin is owner:
+                ids.append(entry.origin_id)
+        return ids
 
     def _history(self, session: Session) -> History:
         if session.history is None:
@@ -955,7 +990,8 @@ class Bridge:
                     notification_msg(
                         "session/update", {"sessionId": session.bridge_id, "update": update}
                     )
-                )
+                ),
+                live=False,
             )
 
     async def _load_unknown(
@@ -1607,7 +1643,9 @@ class Bridge:
             # Its connection is gone and nobody has the session yet: keep the answer for
             # whoever takes it back within the grace period (in its place in the stream).
             if len(session.held_responses) < HELD_RESPONSES_MAX:
-                session.held_responses.append((self._history(session).last_seq, dumps(msg)))
+                session.held_responses.append(
+                    (self._history(session).last_seq, entry.origin_id, dumps(msg))
+                )
             else:
                 self.log.warning("held_response_dropped", session=session.bridge_id)
             return
@@ -1642,6 +1680,10 @@ class Bridge:
                 if new.rewrite:
                     result["sessionId"] = new.bridge_id
                 early = self._take_early_updates(agent, new)
+                if client.closed:
+                    # Its connection died before the answer came: nobody knows the session
+                    # yet; it expires like any detached one unless someone takes it.
+                    self._schedule_detach(new)
         elif method == "session/load" and session is not None:
             if ok:
                 session.state = SessionState.ACTIVE

@@ -51,7 +51,7 @@ class History:
     __slots__ = ("_bytes", "_entries", "last_seq", "max_bytes", "max_entries")
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
-        self._entries: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._entries: collections.deque[tuple[int, bytes, bool]] = collections.deque()
         self._bytes = 0
         self.last_seq = 0
         self.max_entries = max_entries
@@ -65,17 +65,22 @@ class History:
         """The oldest sequence number still kept (last_seq + 1 when empty)."""
         return self._entries[0][0] if self._entries else self.last_seq + 1
 
-    def append(self, data: bytes) -> int:
-        """Keep one relayed message (a whole line); return its sequence number."""
+    def append(self, data: bytes, *, live: bool = True) -> int:
+        """
+        Keep one message (a whole line); return its sequence number.
+
+        ``live=False`` marks what the live stream never carried (the user's own prompts):
+        a full replay includes it, a catch-up replay (:meth:`after` with ``live_only``) not.
+        """
         self.last_seq += 1
         entries = self._entries
-        entries.append((self.last_seq, data))
+        entries.append((self.last_seq, data, live))
         self._bytes += len(data)
         while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
             self._bytes -= len(entries.popleft()[1])
         return self.last_seq
 
-    def after(self, seq: int) -> tuple[list[tuple[int, bytes]], bool]:
+    def after(self, seq: int, *, live_only: bool = False) -> tuple[list[tuple[int, bytes]], bool]:
         """
         Entries with a sequence number above ``seq``, and whether that is all of them.
 
@@ -83,7 +88,9 @@ class History:
         must tell its client to resync instead of pretending nothing is missing.
         """
         complete = seq + 1 >= self.first_seq
-        return [(n, d) for n, d in self._entries if n > seq], complete
+        return [(n, d) for n, d, live in self._entries if n > seq and (live or not live_only)], (
+            complete
+        )
 
 
 @attrs.define(eq=False, slots=True)
@@ -107,7 +114,7 @@ class Session:
     #: agent requests that were waiting on a client that went away: shown again on reattach
     parked: list[Any] = attrs.field(factory=list)
     #: answers to requests of a connection that went away: (history position, message)
-    held_responses: list[tuple[int, bytes]] = attrs.field(factory=list)
+    held_responses: list[tuple[int, JsonRpcId, bytes]] = attrs.field(factory=list)
     #: when a detached session is closed (clock seconds), None while attached
     detach_deadline: float | None = None
     #: the session's roots: [cwd, *additionalDirectories] (agents' file access stays inside)
@@ -217,18 +224,19 @@ class PendingTable(Generic[T]):
     Ids are integers counted from 1 per link, never reused while the link lives.
     """
 
-    __slots__ = ("_entries", "_next")
+    __slots__ = ("_entries", "_ids")
 
-    def __init__(self) -> None:
-        self._next = 1
+    def __init__(self, ids: Iterator[int] | None = None) -> None:
+        #: where ids come from: by default 1, 2, ... for this table; a shared counter makes
+        #: ids unique across tables (a stale answer on a new connection then matches nothing)
+        self._ids = ids if ids is not None else itertools.count(1)
         self._entries: dict[int, T] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def add(self, entry: T) -> int:
-        bridge_id = self._next
-        self._next += 1
+        bridge_id = next(self._ids)
         self._entries[bridge_id] = entry
         return bridge_id
 

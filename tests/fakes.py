@@ -53,6 +53,7 @@ class FakeAgent:
         fail_initialize: bool = False,
         early_update: bool = False,
         list_pages: int = 0,
+        new_delay: float = 0.0,
     ) -> None:
         self.name = name
         self.prefix = prefix
@@ -69,6 +70,7 @@ class FakeAgent:
         self.fail_initialize = fail_initialize
         self.early_update = early_update
         self.list_pages = list_pages
+        self.new_delay = new_delay
         self.received: list[dict[str, Any]] = []
         self.starts = 0
         self.sessions: list[str] = []
@@ -166,6 +168,8 @@ class FakeAgent:
                 "agentInfo": {"name": self.name, "version": "0"},
             }
         if method == "session/new":
+            if self.new_delay:
+                await trio.sleep(self.new_delay)
             sid = f"{self.prefix}{next(self._session_counter)}"
             self.sessions.append(sid)
             if self.early_update:

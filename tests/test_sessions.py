@@ -37,7 +37,11 @@ async def test_bridge_serves_load_of_a_live_session_from_its_history_then_answer
             "a:s1:1",
             "a:s1:2",
         ]
-        assert response["result"]["_meta"]["acp_bridge"] == {"lastSeq": 4, "complete": True}
+        assert response["result"]["_meta"]["acp_bridge"] == {
+            "lastSeq": 4,
+            "complete": True,
+            "pending": [],
+        }
         assert not [m for m in a.received if m.get("method") == "session/load"]
 
 
@@ -285,3 +289,95 @@ async def test_takeover_moves_running_requests_and_the_first_gets_cancelled():
             assert answer["result"]["stopReason"] == "cancelled"
             assert len([m for m in first.received if m.get("id") == 7]) == 1
             nursery.cancel_scope.cancel()
+
+
+async def test_reattach_says_which_requests_it_still_owes_and_resume_gives_last_seq():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (first, bridge):
+        sid = await first.new_session()
+        await first.prompt(sid, "count 2")
+        async with trio.open_nursery() as nursery:
+            params = {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]}
+            nursery.start_soon(functools.partial(first.request, "session/prompt", params, id=9))
+            await first.wait_for(lambda m: "waiting" in str(m))
+            await first.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            second = await connect(bridge, nursery)
+            result = await second.call(
+                "session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+            )
+            ours = result["_meta"]["acp_bridge"]
+            assert ours["pending"] == [9]
+            assert ours["lastSeq"] == 5  # count 2 (prompt + 2 updates), wait (prompt + 1)
+            nursery.cancel_scope.cancel()
+
+
+async def test_catch_up_replay_leaves_out_the_clients_own_prompts():
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (client, _):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 2")
+        before = len(client.received)
+        full = await client.request(
+            "session/load", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+        )
+        replay = client.received[before : client.received.index(full)]
+        assert [m["params"]["update"]["sessionUpdate"] for m in replay] == [
+            "user_message_chunk",
+            "agent_message_chunk",
+            "agent_message_chunk",
+        ]
+        before = len(client.received)
+        caught_up = await client.request(
+            "session/load",
+            {
+                "sessionId": sid,
+                "cwd": "/w",
+                "mcpServers": [],
+                "_meta": {"acp_bridge": {"after_seq": 0}},
+            },
+        )
+        replay = client.received[before : client.received.index(caught_up)]
+        assert [m["params"]["update"]["sessionUpdate"] for m in replay] == [
+            "agent_message_chunk",
+            "agent_message_chunk",
+        ]
+
+
+async def test_answers_to_requests_of_a_dead_connection_never_settle_new_ones():
+    """Bridge-wide request ids: a stale answer for request N on a new connection matches
+    nothing there."""
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}) as (first, bridge):
+        sid = await first.new_session()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.prompt, sid, "permission")
+            old = await first.agent_requests.receive()
+            await first.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            second = await connect(bridge, nursery)
+            await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            shown = await second.agent_requests.receive()
+            assert shown["id"] != old["id"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_session_whose_creator_left_before_the_answer_expires(autojump_clock):
+    a = FakeAgent("a", new_delay=5)
+    async with open_bridge({"a": a}, detach_grace=10.0) as (client, bridge):
+        await client.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "session/new",
+                "params": {"cwd": "/w", "mcpServers": []},
+            }
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        await client.disconnect()
+        await trio.sleep(6)  # the answer comes at t=5, to nobody
+        assert bridge.sessions.get("s1") is not None
+        assert bridge.sessions.get("s1").client is None
+        await trio.sleep(10)
+        assert bridge.sessions.get("s1") is None
+        assert [m for m in a.received if m.get("method") == "session/close"]

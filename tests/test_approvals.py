@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import trio
@@ -282,3 +283,46 @@ async def test_audit_records_reach_the_store(tmp_path):
         "a",
     )
     assert row["options"] == ["yes", "always", "no"]
+
+
+def test_audit_command_prints_the_trail(capsys):
+    """`acp-bridge audit` reads the default store (the state dir is private to each test)."""
+    from acp_bridge._cli import main
+    from acp_bridge._config import default_state_dir
+    from acp_bridge._store import AuditRecord
+
+    store = open_store(str(default_state_dir() / "bridge.db"))
+    store.append_audit(
+        [
+            AuditRecord(
+                session="s1",
+                agent="a",
+                decision="allow",
+                source="reads",
+                title="Read x",
+                options=("yes", "no"),
+                option_id="yes",
+            ),
+            AuditRecord(
+                session="s1",
+                agent="a",
+                decision="deny",
+                source="timeout",
+                title="Edit y",
+                options=("yes", "no"),
+                option_id="no",
+            ),
+        ]
+    )
+    store.close()
+    assert main(["audit"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert "ALLOW" in lines[0]
+    assert "by reads" in lines[0]
+    assert "'Read x' (yes)" in lines[0]
+    assert "DENY" in lines[1]
+    assert "by timeout" in lines[1]
+    assert main(["audit", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["source"] for r in rows] == ["reads", "timeout"]

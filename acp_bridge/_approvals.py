@@ -106,6 +106,8 @@ class Approvals:
         self.audit = audit
         #: per client: ids of permission requests already settled (late answers are refused)
         self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
+        #: decisions by "<decision>:<source>" (for metrics)
+        self.counts: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------------ a request arrives
 
@@ -398,6 +400,7 @@ class Approvals:
         """Answer the agent at once (rule or unattended): nothing is shown to anyone."""
         agent.send_nowait(dumps(result(agent_id, {"outcome": outcome})))
         verdict, option_id = _verdict(outcome, req)
+        self.counts[f"{verdict}:{source}"] += 1
         await self.audit.record(
             _record_for(session, agent.name, req, verdict, source, option_id, None, detail)
         )
@@ -415,6 +418,7 @@ class Approvals:
         ask: Ask = entry.extra
         session = entry.session
         assert session is not None
+        self.counts[f"{verdict}:{source}"] += 1
         await self.audit.record(
             _record_for(
                 session,

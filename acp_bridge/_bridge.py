@@ -24,7 +24,7 @@ import collections
 import enum
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import attrs
 import structlog
@@ -121,6 +121,12 @@ def _has_session_cap(caps: JsonObject, name: str) -> bool:
     return isinstance(session_caps, dict) and session_caps.get(name) is not None
 
 
+#: A wire tracer: called with (link, direction, bytes) for every message crossing the bridge;
+#: link is "client:<name>" or "agent:<name>", direction "in" (to the bridge) or "out".
+#: It must not block (see _trace.py: a bounded queue, drops counted).
+Tracer: TypeAlias = "Callable[[str, str, bytes], None]"
+
+
 class AgentState(enum.Enum):
     STOPPED = "stopped"
     STARTING = "starting"
@@ -167,10 +173,23 @@ class ClientLink:
     #: answer meant for a request of a dead connection can never settle a new one
     _request_ids = itertools.count(1)
 
-    def __init__(self, *, name: str, queue_size: int, blocking: bool) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        queue_size: int,
+        blocking: bool,
+        tracer: Tracer | None = None,
+        counters: collections.Counter[str] | None = None,
+    ) -> None:
         self.id = next(self._ids)
         self.name = name
         self.blocking = blocking
+        self._tracer = tracer
+        self._link = f"client:{name}"
+        self._counters: collections.Counter[str] = (
+            counters if counters is not None else collections.Counter()
+        )
         self._send, self._receive = trio.open_memory_channel[bytes](queue_size)
         #: requests the bridge sent to this client (forwarded agent requests)
         self.pending: PendingTable[Forwarded] = PendingTable(ClientLink._request_ids)
@@ -221,6 +240,9 @@ class ClientLink:
             return
         timeout = REPLY_SEND_TIMEOUT
         deadline = trio.current_time() + timeout if not self.blocking else float("inf")
+        self._counters["to_client"] += 1
+        if self._tracer is not None:
+            self._tracer(self._link, "out", data)
         with trio.move_on_at(deadline) as waiting:
             try:
                 await self._send.send(data)
@@ -232,6 +254,9 @@ class ClientLink:
     def send_nowait(self, data: bytes) -> bool:
         if self.closed:
             return False
+        self._counters["to_client"] += 1
+        if self._tracer is not None:
+            self._tracer(self._link, "out", data)
         try:
             self._send.send_nowait(data)
         except trio.WouldBlock:
@@ -241,6 +266,9 @@ class ClientLink:
             self.close("connection closed")
             return False
         return True
+
+    def queue_depth(self) -> int:
+        return self._send.statistics().current_buffer_used
 
     def close(self, reason: str) -> None:
         if not self.closed:
@@ -310,6 +338,8 @@ class AgentLink:
     _send: trio.MemorySendChannel[bytes] | None = None
     exited: trio.Event = attrs.field(factory=trio.Event)
     stop_scope: trio.CancelScope | None = None
+    tracer: Tracer | None = None
+    counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
 
     @property
     def name(self) -> str:
@@ -319,11 +349,17 @@ class AgentLink:
         """Queue bytes for the agent; False if it is not running or its queue is full."""
         if self._send is None:
             return False
+        self.counters["to_agent"] += 1
+        if self.tracer is not None:
+            self.tracer(f"agent:{self.config.name}", "out", data)
         try:
             self._send.send_nowait(data)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
+
+    def queue_depth(self) -> int:
+        return self._send.statistics().current_buffer_used if self._send is not None else 0
 
     def failure_data(self) -> JsonObject:
         data: JsonObject = {"agent": self.name, "stderrTail": self.stderr.tail()}
@@ -392,13 +428,23 @@ class Bridge:
         *,
         agent_client_capabilities: JsonObject | None = None,
         audit: AuditLog | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.config = config
         self._launcher = launcher
+        self.tracer = tracer
+        #: messages by direction (from_client, to_client, from_agent, to_agent), errors the
+        #: bridge answered by code (error:<code>): for status and metrics
+        self.counters: collections.Counter[str] = collections.Counter()
         self._fixed_client_capabilities = agent_client_capabilities
         limits = config.bridge
         self.agents: dict[str, AgentLink] = {
-            name: AgentLink(config=agent, queue_size=limits.agent_queue)
+            name: AgentLink(
+                config=agent,
+                queue_size=limits.agent_queue,
+                tracer=tracer,
+                counters=self.counters,
+            )
             for name, agent in config.agents.items()
         }
         self.default_agent = config.default_agent.name
@@ -430,7 +476,13 @@ class Bridge:
         self._nursery.start_soon(fn, *args)
 
     def open_client(self, name: str, *, blocking: bool) -> ClientLink:
-        link = ClientLink(name=name, queue_size=self.config.bridge.client_queue, blocking=blocking)
+        link = ClientLink(
+            name=name,
+            queue_size=self.config.bridge.client_queue,
+            blocking=blocking,
+            tracer=self.tracer,
+            counters=self.counters,
+        )
         self.clients.add(link)
         return link
 
@@ -600,6 +652,45 @@ class Bridge:
         params["data"] = {"message": message, **data}
         await client.send(dumps(notification_msg("_acp_bridge/log", params)))
 
+    def status(self) -> JsonObject:
+        """Everything ``acp-bridge status`` and ``/metrics`` show: agents, sessions, counters."""
+        agents = [
+            {
+                "name": a.name,
+                "state": a.state.value,
+                "pid": a.pid,
+                "starts": a.starts,
+                "restarts": max(a.starts - 1, 0),
+                "sessions": len(self.sessions.of_agent(a.name)),
+                "queueDepth": a.queue_depth(),
+                "pendingRequests": len(a.pending),
+            }
+            for a in self.agents.values()
+        ]
+        sessions = [
+            {
+                "sessionId": s.bridge_id,
+                "agent": s.agent,
+                "state": s.state.value,
+                "connection": s.client.name if s.client is not None else None,
+                "pendingApprovals": len(s.pending_permissions) + len(s.parked),
+                "historyLastSeq": s.history.last_seq if s.history is not None else 0,
+            }
+            for s in self.sessions
+        ]
+        clients = [
+            {"name": c.name, "queueDepth": c.queue_depth(), "pendingRequests": len(c.inflight)}
+            for c in self.clients
+        ]
+        return {
+            "defaultAgent": self.default_agent,
+            "agents": agents,
+            "sessions": sessions,
+            "connections": clients,
+            "counters": dict(self.counters),
+            "approvals": dict(self.approvals.counts),
+        }
+
     def health(self) -> tuple[bool, JsonObject]:
         """Whether the default agent can serve now, and every agent's state (for /healthz)."""
         ok = self.agents[self.default_agent].state is AgentState.READY
@@ -613,6 +704,9 @@ class Bridge:
 
     async def handle_client_line(self, client: ClientLink, line: bytes | Oversize) -> None:
         """Handle one line from a client: answer it, or route it to an agent."""
+        self.counters["from_client"] += 1
+        if self.tracer is not None and isinstance(line, bytes):
+            self.tracer(f"client:{client.name}", "in", line)
         if isinstance(line, Oversize):
             await self._reply_error(
                 client,
@@ -643,6 +737,7 @@ class Bridge:
             await self._reply_error(client, _id_of(msg), JsonRpcError.invalid_request())
 
     async def _reply_error(self, client: ClientLink, id_: JsonRpcId, exc: JsonRpcError) -> None:
+        self.counters[f"error:{exc.code}"] += 1
         await client.send(dumps(error_msg(id_, exc)))
 
     async def _client_request(self, client: ClientLink, msg: JsonObject) -> None:
@@ -1404,6 +1499,9 @@ class Bridge:
             self.log.warning("agent_partial_line_at_exit", agent=agent.name)
 
     async def _agent_line(self, agent: AgentLink, line: bytes | Oversize) -> None:
+        self.counters["from_agent"] += 1
+        if self.tracer is not None and isinstance(line, bytes):
+            self.tracer(f"agent:{agent.name}", "in", line)
         if isinstance(line, Oversize):
             self.log.warning("agent_line_oversize", agent=agent.name, size=line.size)
             return

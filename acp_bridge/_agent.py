@@ -54,44 +54,54 @@ class Launcher(Protocol):
 
 class StderrRing:
     """
-    The most recent stderr lines of an agent, bounded in lines and bytes per line.
+    An agent's stderr cut into lines, and the most recent ones kept.
 
-    Used to explain a failed start or a crash; never holds more than
-    ``max_lines * max_line_bytes`` bytes.
+    :meth:`feed` returns each finished line whole up to ``max_line_bytes`` (64 KiB); a longer
+    one is cut there, the rest discarded as it arrives (``…[N bytes cut]`` marks it), so a
+    10 MiB line costs no more memory than a short one. The ring keeps the last ``max_lines``
+    lines, each at most ``keep_line_bytes``, to explain a failed start or a crash.
     """
 
-    __slots__ = ("_lines", "_max_line", "_partial")
+    __slots__ = ("_cut", "_keep", "_lines", "_max_line", "_partial")
 
-    def __init__(self, *, max_lines: int = 50, max_line_bytes: int = 2048) -> None:
+    def __init__(
+        self, *, max_lines: int = 50, keep_line_bytes: int = 2048, max_line_bytes: int = 65536
+    ) -> None:
         self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
         self._max_line = max_line_bytes
+        self._keep = keep_line_bytes
         self._partial = bytearray()
+        self._cut = 0  # bytes of the current line discarded beyond the cap
 
     def feed(self, data: bytes | bytearray) -> list[str]:
         """Add stderr bytes; return the complete lines they finished (each cut to the cap)."""
         done: list[str] = []
         start = 0
-        while True:
+        size = len(data)
+        while start < size:
             nl = data.find(b"\n", start)
-            if nl < 0:
-                room = self._max_line - len(self._partial)
-                if room > 0:
-                    self._partial += data[start : start + room]
-                break
+            end = size if nl < 0 else nl
             room = self._max_line - len(self._partial)
-            if room > 0:
-                self._partial += data[start : min(nl, start + room)]
+            take = min(end - start, max(room, 0))
+            if take:
+                self._partial += data[start : start + take]
+            self._cut += end - start - take
+            if nl < 0:
+                break
             done.append(self._finish())
             start = nl + 1
         return done
 
     def flush(self) -> str | None:
-        return self._finish() if self._partial else None
+        return self._finish() if self._partial or self._cut else None
 
     def _finish(self) -> str:
         line = self._partial.decode("utf-8", "replace").rstrip("\r")
+        if self._cut:
+            line += f" …[{self._cut} bytes cut]"
         self._partial.clear()
-        self._lines.append(line)
+        self._cut = 0
+        self._lines.append(line[: self._keep])
         return line
 
     def tail(self, n: int = 20) -> list[str]:
@@ -280,6 +290,11 @@ def make_in_process_launcher(
         # blocks the bridge's writer, as a full pipe would.
         to_agent_send, to_agent_recv = trio.testing.lockstep_stream_pair()
         from_agent_send, from_agent_recv = trio.testing.memory_stream_pair()
+        # A fake that wants a stderr gets one (an attribute ``stderr`` is set on it).
+        stderr_send, stderr_recv = trio.testing.memory_stream_pair()
+        wants_stderr = hasattr(fn, "stderr")
+        if wants_stderr:
+            fn.stderr = stderr_send  # type: ignore[attr-defined]
         status: int | None = 0
         async with trio.open_nursery() as nursery:
 
@@ -292,9 +307,16 @@ def make_in_process_launcher(
                 finally:
                     with trio.CancelScope(shield=True):
                         await from_agent_send.aclose()
+                        await stderr_send.aclose()
 
             nursery.start_soon(run)
-            task_status.started(AgentTransport(send=to_agent_send, receive=from_agent_recv))
+            task_status.started(
+                AgentTransport(
+                    send=to_agent_send,
+                    receive=from_agent_recv,
+                    stderr=stderr_recv if wants_stderr else None,
+                )
+            )
         return status
 
     return launch_in_process

@@ -24,6 +24,7 @@ import collections
 import enum
 import functools
 import itertools
+import re
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import attrs
@@ -56,6 +57,7 @@ from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._jsonrpc import request as request_msg
 from acp_bridge._jsonrpc import result as result_msg
+from acp_bridge._redact import REDACTOR
 from acp_bridge._routing import (
     Forwarded,
     History,
@@ -82,6 +84,59 @@ EXIT_STATUS_WAIT: Final = 0.25
 EARLY_UPDATES_MAX: Final = 64
 #: URL elicitations remembered per agent, to route their completion (oldest forgotten)
 ELICITATIONS_MAX: Final = 1024
+#: RFC 5424 severities, as ACP RFD #392 names them, lowest first
+LOG_LEVELS: Final = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+_LEVEL_RANK: Final = {name: rank for rank, name in enumerate(LOG_LEVELS)}
+#: agent diagnostics relayed as notifications: a token bucket per agent (lines per second,
+#: burst); what it holds back is counted and summarized ("N lines suppressed") a second later
+LOG_RATE: Final = 50.0
+LOG_BURST: Final = 200.0
+#: level words an agent's stderr line may start with (bare, in capitals)...
+_LEVEL_BARE: Final = re.compile(
+    r"^\W{0,3}(?:[\d:.TZ+-]+\s+)?(TRACE|DEBUG|INFO|NOTICE|WARN(?:ING)?|ERR(?:OR)?|FATAL|"
+    r"CRIT(?:ICAL)?|PANIC|ALERT|EMERG(?:ENCY)?)\b"
+)
+#: ...or marked anywhere near the start: [debug], <warn>, level=info, "level":"error"
+_LEVEL_MARKED: Final = re.compile(
+    r"(?:\[|<|level\"?\s*[=:]\s*\"?)(trace|debug|info|notice|warn(?:ing)?|err(?:or)?|fatal|"
+    r"crit(?:ical)?|panic|alert|emerg(?:ency)?)\b",
+    re.IGNORECASE,
+)
+_LEVEL_OF_WORD: Final = {
+    "trace": "debug",
+    "debug": "debug",
+    "info": "info",
+    "notice": "notice",
+    "warn": "warning",
+    "warning": "warning",
+    "err": "error",
+    "error": "error",
+    "fatal": "critical",
+    "crit": "critical",
+    "critical": "critical",
+    "panic": "emergency",
+    "alert": "alert",
+    "emerg": "emergency",
+    "emergency": "emergency",
+}
+
+
+def guess_level(line: str) -> str:
+    """The severity an agent's stderr line announces (``info`` when it says none)."""
+    head = line[:120]
+    found = _LEVEL_BARE.match(head) or _LEVEL_MARKED.search(head)
+    return _LEVEL_OF_WORD[found.group(1).lower()] if found else "info"
+
+
 #: answers kept for a detached session until a connection takes it back (more are dropped)
 HELD_RESPONSES_MAX: Final = 256
 #: how long a non-blocking client may take nothing while it is sent a bulk answer (a replay)
@@ -199,6 +254,8 @@ class ClientLink:
         self.initialized = False
         #: opted in to ``_meta.acp_bridge.seq`` on every relayed session/update
         self.want_seq = False
+        #: the least severe ``_acp_bridge/log`` it wants (``_acp_bridge/set_log_level``)
+        self.log_level = "info"
         self.closed = False
         self.close_reason: str | None = None
         #: set when the link closes (overflow, or the connection ended)
@@ -270,6 +327,19 @@ class ClientLink:
     def queue_depth(self) -> int:
         return self._send.statistics().current_buffer_used
 
+    def offer(self, data: bytes) -> bool:
+        """Queue a droppable message (diagnostics): never waits, never closes the link."""
+        if self.closed:
+            return False
+        try:
+            self._send.send_nowait(data)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        self._counters["to_client"] += 1
+        if self._tracer is not None:
+            self._tracer(self._link, "out", data)
+        return True
+
     def close(self, reason: str) -> None:
         if not self.closed:
             self.closed = True
@@ -340,6 +410,9 @@ class AgentLink:
     stop_scope: trio.CancelScope | None = None
     tracer: Tracer | None = None
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    log_tokens: float = LOG_BURST
+    log_stamp: float = 0.0
+    log_suppressed: int = 0
 
     @property
     def name(self) -> str:
@@ -362,7 +435,8 @@ class AgentLink:
         return self._send.statistics().current_buffer_used if self._send is not None else 0
 
     def failure_data(self) -> JsonObject:
-        data: JsonObject = {"agent": self.name, "stderrTail": self.stderr.tail()}
+        tail = [REDACTOR.redact(line) for line in self.stderr.tail()]
+        data: JsonObject = {"agent": self.name, "stderrTail": tail}
         if self.exit_status is not None:
             data["exitStatus"] = self.exit_status
         return data
@@ -433,6 +507,9 @@ class Bridge:
         self.config = config
         self._launcher = launcher
         self.tracer = tracer
+        self.redactor = REDACTOR
+        for agent_config in config.agents.values():
+            self.redactor.add_env(agent_config.env)
         #: messages by direction (from_client, to_client, from_agent, to_agent), errors the
         #: bridge answered by code (error:<code>): for status and metrics
         self.counters: collections.Counter[str] = collections.Counter()
@@ -540,6 +617,9 @@ class Bridge:
         session.parked.clear()
         self.sessions.remove(session)
         self.log.info("session_closed_after_grace", session=session.bridge_id, agent=agent.name)
+        await self.agent_log(
+            agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
+        )
         if agent.state is AgentState.READY:
             if _has_session_cap(agent.capabilities, "close"):
                 self._spawn(self._close_quietly, agent, session.agent_id)
@@ -756,6 +836,12 @@ class Bridge:
             self._spawn(self._session_list, client, msg, params)
         elif method in ("authenticate", "logout"):
             await self._auth_request(client, msg, params)
+        elif method == "_acp_bridge/set_log_level":
+            level = params.get("level")
+            if level not in _LEVEL_RANK:
+                raise JsonRpcError.invalid_params(f"level: expected one of {', '.join(LOG_LEVELS)}")
+            client.log_level = level
+            await client.send(dumps(result_msg(msg["id"], {})))
         elif method == "_acp_bridge/agents":
             await client.send(
                 dumps(
@@ -849,6 +935,7 @@ class Bridge:
     async def _forward_session_new(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
     ) -> None:
+        self.redactor.add_mcp_servers(params.get("mcpServers"))
         self._strip_unsupported_setup(agent, params)
         agent.new_in_flight += 1
         setup = _Setup(_roots_of(params), _bridge_meta(params).get("unattended") is True)
@@ -950,6 +1037,7 @@ class Bridge:
             _check_prompt_content(agent, params)
             self._remember_prompt(session, params)
         elif method in ("session/load", "session/resume", "session/fork"):
+            self.redactor.add_mcp_servers(params.get("mcpServers"))
             self._strip_unsupported_setup(agent, params)
             if method == "session/load":
                 # Replayed updates arrive before the response: route them already.
@@ -1347,10 +1435,15 @@ class Bridge:
             agent.state = AgentState.READY
             agent.settled.set()
             log.info("agent_ready", pid=transport.pid)
+            verb = "restarted" if agent.starts > 1 else "started"
+            await self.agent_log(agent, "info", f"agent {verb} (pid {transport.pid})", stream=None)
             await eof.wait()
             with trio.move_on_after(EXIT_STATUS_WAIT):
                 await agent.exited.wait()
             log.warning("agent_exited", status=agent.exit_status)
+            await self.agent_log(
+                agent, "warning", f"agent exited (status {agent.exit_status})", stream=None
+            )
             await self._agent_gone(agent, reason="exited")
             nursery.cancel_scope.cancel()
 
@@ -1470,16 +1563,75 @@ class Bridge:
             self.log.debug("agent_stdin_closed", agent=agent.name)
 
     async def _agent_stderr(self, agent: AgentLink, stream: trio.abc.ReceiveStream) -> None:
-        log = self.log.bind(agent=agent.name, stream="stderr")
+        """
+        Every stderr line becomes a ``_acp_bridge/log`` notification (rate-limited) and a log
+        line; the protocol reader is another task, so a flood here never delays it.
+        """
         try:
             while data := await stream.receive_some(READ_CHUNK):
                 for line in agent.stderr.feed(data):
-                    log.info("agent_stderr", line=line)
+                    await self.agent_log(agent, guess_level(line), line, stream="stderr")
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         tail = agent.stderr.flush()
         if tail is not None:
-            log.info("agent_stderr", line=tail)
+            await self.agent_log(agent, guess_level(tail), tail, stream="stderr")
+
+    async def agent_log(
+        self, agent: AgentLink, level: str, message: str, *, stream: str | None
+    ) -> None:
+        """
+        A diagnostic about an agent, to the clients of its sessions (all clients while it has
+        none), as ``_acp_bridge/log``. Agent output is rate-limited per agent; the bridge's
+        own events (``stream=None``) never are. Secrets are redacted.
+        """
+        if stream is not None and not self._log_budget(agent):
+            return
+        text = self.redactor.redact(message)
+        if stream is not None:
+            self.log.info("agent_" + stream, agent=agent.name, level=level, line=text)
+        params: JsonObject = {
+            "level": level,
+            "logger": f"agent.{agent.name}" if stream is not None else "acp_bridge",
+        }
+        sessions = self.sessions.of_agent(agent.name)
+        if len(sessions) == 1:
+            params["sessionId"] = sessions[0].bridge_id
+        data: JsonObject = {"message": text, "agent": agent.name}
+        if stream is not None:
+            data["stream"] = stream
+        params["data"] = data
+        line = dumps(notification_msg("_acp_bridge/log", params))
+        rank = _LEVEL_RANK.get(level, 1)
+        owners = {s.client for s in sessions if s.client is not None}
+        targets = owners if sessions else {c for c in self.clients if c.initialized}
+        for client in targets:
+            if rank >= _LEVEL_RANK[client.log_level]:
+                client.offer(line)
+
+    def _log_budget(self, agent: AgentLink) -> bool:
+        now = trio.current_time()
+        agent.log_tokens = min(LOG_BURST, agent.log_tokens + (now - agent.log_stamp) * LOG_RATE)
+        agent.log_stamp = now
+        if agent.log_tokens >= 1:
+            agent.log_tokens -= 1
+            return True
+        if not agent.log_suppressed:
+            self.deadlines.schedule(
+                ("log_suppressed", agent), now + 1.0, functools.partial(self._log_summary, agent)
+            )
+        agent.log_suppressed += 1
+        return False
+
+    async def _log_summary(self, agent: AgentLink) -> None:
+        count, agent.log_suppressed = agent.log_suppressed, 0
+        if count:
+            await self.agent_log(
+                agent,
+                "warning",
+                f"{count} lines of agent output suppressed (more than {LOG_RATE:g}/s)",
+                stream=None,
+            )
 
     async def _agent_reader(
         self, agent: AgentLink, stream: trio.abc.ReceiveStream, eof: trio.Event
@@ -1508,10 +1660,9 @@ class Bridge:
         try:
             msg = loads(line)
         except JsonRpcError:
-            self.log.warning(
-                "agent_stdout_not_json",
-                agent=agent.name,
-                line=line[:200].decode("utf-8", "replace"),
+            # A stray line (a shell profile, a print): a diagnostic, not a dead session.
+            await self.agent_log(
+                agent, "warning", line[:65536].decode("utf-8", "replace"), stream="stdout"
             )
             return
         kind = classify(msg)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import structlog
 
+from acp_bridge._redact import REDACTOR
+
 if TYPE_CHECKING:
     from structlog.typing import EventDict, FilteringBoundLogger, Processor
 
@@ -78,6 +80,17 @@ def _add_logger_name(logger: Any, method_name: str, event_dict: EventDict) -> Ev
     return event_dict
 
 
+def _redact_secrets(_logger: object, _name: str, event: EventDict) -> EventDict:
+    """No registered secret (agent env, MCP headers, the daemon's token) reaches a log line."""
+    if len(REDACTOR):
+        for key, value in event.items():
+            if isinstance(value, str):
+                event[key] = REDACTOR.redact(value)
+            elif isinstance(value, (list, dict)):
+                event[key] = REDACTOR.redact_json(value)
+    return event
+
+
 def configure_logging(
     *,
     level: str = "info",
@@ -128,6 +141,7 @@ def configure_logging(
         _add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
+        _redact_secrets,
     ]
     if console:
         processors.append(structlog.dev.ConsoleRenderer(colors=_is_tty(out)))

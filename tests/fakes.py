@@ -81,6 +81,8 @@ class FakeAgent:
         self._send: trio.abc.SendStream | None = None
         self._lock = trio.Lock()
         self.client_capabilities: dict[str, Any] = {}
+        #: its stderr (set by the in-process launcher)
+        self.stderr: trio.abc.SendStream | None = None
 
     async def __call__(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
         self.starts += 1
@@ -237,6 +239,21 @@ class FakeAgent:
             await self.update(sid, f"{self.name}:{sid}:waiting")
             await event.wait()
             return {"stopReason": "cancelled"}
+        elif command == "noise":
+            assert self.stderr is not None
+            await self.stderr.send_all(
+                b"ERROR: something broke\n[debug] details\njust talking\nWARN low disk\n"
+            )
+            async with self._lock:
+                assert self._send is not None
+                await self._send.send_all(b"this is not json (a stray print)\n")
+            await self.update(sid, f"{self.name}:{sid}:still-fine")
+        elif command == "stderr":
+            assert self.stderr is not None
+            await self.stderr.send_all(" ".join(words[1:]).encode() + b"\n")
+        elif command == "flood":
+            assert self.stderr is not None
+            await self.stderr.send_all(b"".join(b"line %d\n" % i for i in range(int(words[1]))))
         elif command == "stall":
             self.stalled.set()  # stops reading its stdin from the next chunk on
         elif command == "crash":

@@ -1,0 +1,204 @@
+"""Diagnostics off stdout: agent stderr and stray stdout as _acp_bridge/log, redaction."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acp_bridge._agent import make_in_process_launcher
+from acp_bridge._bridge import Bridge, guess_level, serve_client_stream
+from acp_bridge._config import AgentConfig
+from acp_bridge._framing import LineDecoder
+from acp_bridge._jsonrpc import Kind, classify, loads
+from acp_bridge._log import configure_logging
+from acp_bridge._redact import REDACTOR, Redactor
+
+from .fakes import FakeAgent, make_config, open_bridge
+
+
+def logs(client):
+    return [m["params"] for m in client.received if m.get("method") == "_acp_bridge/log"]
+
+
+@pytest.mark.parametrize(
+    ("line", "level"),
+    [
+        ("ERROR: boom", "error"),
+        ("2026-01-01T00:00:00Z WARN disk", "warning"),
+        ("[debug] x", "debug"),
+        ("<warn> y", "warning"),
+        ('{"level": "error", "msg": "x"}', "error"),
+        ("level=info started", "info"),
+        ("FATAL out of memory", "critical"),
+        ("TRACE deep", "debug"),
+        ("just talking about errors", "info"),
+        ("Error handling is fine", "info"),
+        ("", "info"),
+    ],
+)
+def test_guess_level(line, level):
+    assert guess_level(line) == level
+
+
+async def test_stderr_and_stray_stdout_become_log_notifications_and_the_session_lives():
+    agent = FakeAgent("a")
+    agent.stderr = None  # ask the launcher for a stderr
+    async with open_bridge({"a": agent}) as (client, _):
+        sid = await client.new_session()
+        answer = await client.prompt(sid, "noise")
+        assert answer["result"]["stopReason"] == "end_turn"
+        assert client.updates(sid) == ["a:s1:still-fine"]
+        await client.call("_acp_bridge/agents", {})  # a round trip: stderr was read by now
+        await trio.testing.wait_all_tasks_blocked()
+        seen = {(p["data"].get("stream"), p["data"]["message"]): p for p in logs(client)}
+        assert seen[("stderr", "ERROR: something broke")]["level"] == "error"
+        assert seen[("stderr", "WARN low disk")]["level"] == "warning"
+        assert seen[("stderr", "just talking")]["level"] == "info"
+        assert ("stderr", "[debug] details") not in seen  # below the client's level (info)
+        stray = seen[("stdout", "this is not json (a stray print)")]
+        assert stray["level"] == "warning"
+        assert stray["sessionId"] == sid
+        assert stray["data"]["agent"] == "a"
+
+
+async def test_set_log_level_lets_debug_through_and_refuses_nonsense():
+    agent = FakeAgent("a")
+    agent.stderr = None
+    async with open_bridge({"a": agent}) as (client, _):
+        sid = await client.new_session()
+        assert await client.call("_acp_bridge/set_log_level", {"level": "debug"}) == {}
+        await client.prompt(sid, "stderr [debug] now visible")
+        await client.wait_for(lambda m: "now visible" in str(m))
+        bad = await client.request("_acp_bridge/set_log_level", {"level": "loud"})
+        assert bad["error"]["code"] == -32602
+
+
+async def test_a_stderr_flood_is_rate_limited_and_summarized(autojump_clock):
+    agent = FakeAgent("a")
+    agent.stderr = None
+    async with open_bridge({"a": agent}) as (client, _):
+        sid = await client.new_session()
+        await client.prompt(sid, "flood 10000")
+        summary = await client.wait_for(lambda m: "suppressed" in str(m))
+        relayed = [p for p in logs(client) if p["data"].get("stream") == "stderr"]
+        assert len(relayed) == 200  # the burst
+        count = int(summary["params"]["data"]["message"].split()[0])
+        assert count == 10000 - 200
+        assert summary["params"]["level"] == "warning"
+
+
+async def test_secrets_never_reach_notifications_errors_or_logs():
+    """An agent's env secret and an MCP header secret: masked in every diagnostic."""
+    env_secret = "sk-env-secret-1234567890"
+    header_secret = "hdr-secret-abcdef123456"
+    agent = FakeAgent("a", capabilities={"mcpCapabilities": {"http": True}})
+    agent.stderr = None
+    out = io.StringIO()
+    configure_logging(level="debug", fmt="json", stream=out)
+    config = make_config({"a": agent})
+    config = attrs.evolve(
+        config,
+        agents={"a": AgentConfig(name="a", command="x", env={"OPENAI_API_KEY": env_secret})},
+    )
+    async with trio.open_nursery() as nursery:
+        bridge = await nursery.start(Bridge(config, make_in_process_launcher({"a": agent})).run)
+        client_side, bridge_side = trio.testing.memory_stream_pair()
+        nursery.start_soon(serve_client_stream, bridge, bridge_side, bridge_side)
+        from .fakes import TestClient
+
+        client = TestClient(client_side)
+        nursery.start_soon(client.read_loop)
+        await client.initialize()
+        mcp = [
+            {
+                "type": "http",
+                "name": "m",
+                "url": "http://127.0.0.1:9",
+                "headers": [{"name": "Authorization", "value": f"Bearer {header_secret}"}],
+            }
+        ]
+        sid = await client.new_session(mcpServers=mcp)
+        await client.prompt(sid, f"stderr leaking {env_secret} and {header_secret}")
+        await client.wait_for(lambda m: "leaking" in str(m))
+        await client.prompt(sid, "crash")
+        nursery.cancel_scope.cancel()
+    everything = json.dumps(client.received) + out.getvalue()
+    assert "leaking *** and ***" in everything
+    assert env_secret not in everything
+    assert header_secret not in everything
+    # The agent itself got its MCP header untouched (the protocol is not altered).
+    [new] = [m for m in agent.received if m.get("method") == "session/new"]
+    assert header_secret in json.dumps(new)
+
+
+def test_redactor_masks_longest_first_and_ignores_short_values():
+    r = Redactor()
+    r.add("abc")  # too short to hide
+    r.add("secret-value")
+    r.add("secret-value-longer")
+    assert r.redact("x secret-value-longer y secret-value abc") == "x *** y *** abc"
+    assert r.redact_json({"a": ["secret-value", 1]}) == {"a": ["***", 1]}
+    assert len(REDACTOR) >= 0
+
+
+CLIENT_INPUT = st.lists(
+    st.one_of(
+        st.binary(max_size=40),
+        st.sampled_from(
+            [
+                b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}',
+                b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/w",'
+                b'"mcpServers":[]}}',
+                b'{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s1",'
+                b'"prompt":[{"type":"text","text":"noise"}]}}',
+                b'{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":"s1",'
+                b'"prompt":[{"type":"text","text":"crash"}]}}',
+                b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s1"}}',
+                b'{"jsonrpc":"2.0","id":5}',
+                b"[1,2]",
+                b'{"jsonrpc":"2.0","id":{"x":1},"method":"m"}',
+                b"\xff\xfe\x00",
+                b"",
+            ]
+        ),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(inputs=CLIENT_INPUT, crash_at_start=st.booleans())
+async def test_property_every_line_to_the_client_is_json_rpc(inputs, crash_at_start):
+    """Whatever the client sends and whatever the agent does (noise, stray stdout, crash,
+    even failing at start), every line the bridge writes to the client is a JSON-RPC
+    message."""
+    agent = FakeAgent("a", fail_initialize=crash_at_start)
+    agent.stderr = None
+    config = make_config({"a": agent})
+    written = bytearray()
+    async with trio.open_nursery() as nursery:
+        bridge = await nursery.start(Bridge(config, make_in_process_launcher({"a": agent})).run)
+        client_side, bridge_side = trio.testing.memory_stream_pair()
+        nursery.start_soon(serve_client_stream, bridge, bridge_side, bridge_side)
+
+        async def collect():
+            while data := await client_side.receive_some(65536):
+                written.extend(data)
+
+        nursery.start_soon(collect)
+        for line in inputs:
+            await client_side.send_all(line + b"\n")
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    decoder = LineDecoder()
+    for line in decoder.feed(bytes(written)):
+        assert isinstance(line, bytes)
+        assert classify(loads(line)) is not Kind.INVALID
+    assert decoder.feed_eof() is None

@@ -202,3 +202,70 @@ async def test_stdout_carries_protocol_only_even_when_the_agent_cannot_start():
     assert msg["id"] == 1
     assert "cannot start agent 'x'" in msg["error"]["message"]
     assert b"agent_start_failed" in result.stderr
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+#: the bound this test holds the bridge to: no protocol message of an agent waits longer than
+#: this behind 100 MiB of that agent's stderr (measured figures are printed with -s)
+STDERR_FLOOD_DELAY_BOUND = 1.0
+STDERR_FLOOD_RSS_BOUND_KIB = 64 * 1024
+
+
+async def test_100_mib_of_stderr_does_not_delay_the_protocol_and_memory_stays_bounded():
+    """100 MiB of stderr (a 10 MiB line without newline first), while the same agent streams:
+    each update reaches the client within the stated bound, and the bridge's memory stays
+    flat."""
+    agent_script = os.path.join(os.path.dirname(__file__), "peers", "noisy_agent.py")
+    agent = "noisy=" + shlex.join([sys.executable, agent_script])
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            bridge = await open_bridge_process(nursery, agent)
+            rss_before = rss_kib(bridge.proc.pid)
+            sid = (await bridge.call("session/new", {"cwd": "/tmp", "mcpServers": []}))["result"][
+                "sessionId"
+            ]
+            delays = []
+            rss_peak = rss_before
+            prompts = 0
+            while True:
+                prompts += 1
+                await bridge.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": f"p{prompts}",
+                        "method": "session/prompt",
+                        "params": {
+                            "sessionId": sid,
+                            "prompt": [{"type": "text", "text": "ping 50"}],
+                        },
+                    }
+                )
+                while True:
+                    msg = await bridge.next_message()
+                    if msg.get("method") == "session/update":
+                        sent = float(msg["params"]["update"]["content"]["text"])
+                        delays.append(time.time() - sent)
+                    elif msg.get("id") == f"p{prompts}":
+                        break
+                rss_peak = max(rss_peak, rss_kib(bridge.proc.pid))
+                if msg["result"]["_meta"]["flood_done"] or prompts >= 40:
+                    break
+            assert msg["result"]["_meta"]["flood_done"], "the flood outlasted the test"
+            delays.sort()
+            p50, worst = delays[len(delays) // 2], delays[-1]
+            print(
+                f"\nstderr flood: {len(delays)} updates, p50 {p50 * 1000:.1f} ms, "
+                f"max {worst * 1000:.1f} ms, RSS {rss_before} -> peak {rss_peak} KiB"
+            )
+            assert worst < STDERR_FLOOD_DELAY_BOUND
+            assert rss_peak - rss_before < STDERR_FLOOD_RSS_BOUND_KIB
+            assert bridge.proc.stdin is not None
+            await bridge.proc.stdin.aclose()
+            assert await bridge.proc.wait() == 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import json
 import os
 import pathlib
 import re
@@ -37,7 +36,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.v import format_exception
 
-from acp_bridge._policy import Policy, parse_policy, unknown_agents
+from acp_bridge._policy import Policy, parse_policy, render_key_path, unknown_agents
 
 __all__ = [
     "AgentConfig",
@@ -408,7 +407,6 @@ _PATH_STEP: Final = re.compile(
     r"""\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)"""
     r"""|\[(?P<index>-?[0-9]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\]"""
 )
-_BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _parse_path(text: str) -> _KeyPath:
@@ -428,27 +426,15 @@ def _parse_path(text: str) -> _KeyPath:
     return tuple(steps)
 
 
-def _render_path(path: _KeyPath) -> str:
-    """Render a key path the way TOML spells it: ``agents."my.agent".args[2]``."""
-    out = ""
-    for step in path:
-        if isinstance(step, int):
-            out += f"[{step}]"
-        else:
-            key = step if _BARE_KEY.fullmatch(step) else json.dumps(step, ensure_ascii=False)
-            out += f".{key}" if out else key
-    return out
-
-
 def _at(path: _KeyPath, message: str) -> str:
-    return f"{_render_path(path)}: {message}" if path else message
+    return f"{render_key_path(path)}: {message}" if path else message
 
 
 def _unknown_key(path: _KeyPath, key: str, cl: type) -> str:
     known = [f.name for f in attrs.fields(cl) if f.name not in ("name", "source")]
     hint = difflib.get_close_matches(key, known, n=1)
     suffix = f" (did you mean {hint[0]!r}?)" if hint else ""
-    return f"unknown key {_render_path((*path, key))!r}{suffix}"
+    return f"unknown key {render_key_path((*path, key))!r}{suffix}"
 
 
 def _describe(exc: BaseException, type_: Any, path: _KeyPath) -> list[str]:
@@ -503,7 +489,7 @@ def _check(config: Config) -> list[str]:
     if not config.agents:
         problems.append(_NO_AGENTS)
     for name, agent in config.agents.items():
-        prefix = _render_path(("agents", name))
+        prefix = render_key_path(("agents", name))
         need(agent.command != "", f"{prefix}.command", "must not be empty")
         need(agent.start_timeout > 0, f"{prefix}.start_timeout", "must be positive")
     bridge = config.bridge

@@ -412,7 +412,7 @@ _BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
 _KeyPath = tuple[str | int, ...]
 
 
-def _render(path: _KeyPath) -> str:
+def render_key_path(path: Sequence[str | int]) -> str:
     """A key path the way TOML spells it: ``policy.agents."my.agent".rules[2]``."""
     out = ""
     for step in path:
@@ -432,7 +432,7 @@ class _Problems:
         self.other: list[str] = []
 
     def at(self, path: _KeyPath, message: str) -> None:
-        self.other.append(f"{_render(path)}: {message}")
+        self.other.append(f"{render_key_path(path)}: {message}")
 
     def table(self, value: object, path: _KeyPath, known: Sequence[str], note: str = "") -> bool:
         """Check ``value`` is a table with only ``known`` keys (reporting the others)."""
@@ -443,7 +443,7 @@ class _Problems:
             if key not in known:
                 hint = difflib.get_close_matches(str(key), known, n=1)
                 suffix = f" (did you mean {hint[0]!r}?)" if hint else note
-                self.unknown.append(f"unknown key {_render((*path, str(key)))!r}{suffix}")
+                self.unknown.append(f"unknown key {render_key_path((*path, str(key)))!r}{suffix}")
         return True
 
     def string(self, value: object, path: _KeyPath) -> str | None:
@@ -546,7 +546,7 @@ def _rules(
     value: object, path: _KeyPath, agent: str | None, seen: dict[str, str], problems: _Problems
 ) -> tuple[Rule, ...] | None:
     if not isinstance(value, list | tuple):
-        problems.at(path, f"expected an array of tables, e.g. [[{_render(path)}]]")
+        problems.at(path, f"expected an array of tables, e.g. [[{render_key_path(path)}]]")
         return None
     rules = (
         _rule(table, (*path, i), i + 1, agent, seen, problems) for i, table in enumerate(value)
@@ -605,7 +605,7 @@ def _rule(
             whose, instead = "", "policy.default"
         else:
             whose = f" of agent {agent!r}"
-            instead = _render(("policy", "agents", agent, "default"))
+            instead = render_key_path(("policy", "agents", agent, "default"))
         problems.at(
             path,
             f"matches every request{whose}: give at least one of {', '.join(criteria)} "
@@ -615,7 +615,7 @@ def _rule(
         if rule_id in seen:
             problems.at((*path, "id"), f"duplicate rule id {rule_id!r} (also {seen[rule_id]})")
         else:
-            seen[rule_id] = _render(path)
+            seen[rule_id] = render_key_path(path)
     if len(problems.other) > before or rule_id is None or action is None:
         return None
     return Rule(id=rule_id, action=action, **fields)
@@ -638,7 +638,7 @@ def _agents(
     value: object, path: _KeyPath, seen: dict[str, str], problems: _Problems
 ) -> dict[str, AgentPolicy] | None:
     if not isinstance(value, Mapping):
-        problems.at(path, f"expected a table of agents, e.g. [{_render(path)}.NAME]")
+        problems.at(path, f"expected a table of agents, e.g. [{render_key_path(path)}.NAME]")
         return None
     agents: dict[str, AgentPolicy] = {}
     for name, table in value.items():
@@ -667,7 +667,8 @@ def unknown_agents(policy: Policy, agents: Sequence[str]) -> list[str]:
     """
     known = ", ".join(agents) or "none"
     return [
-        f"{_render(('policy', 'agents', name))}: unknown agent {name!r} (configured: {known})"
+        f"{render_key_path(('policy', 'agents', name))}: unknown agent {name!r} "
+        f"(configured: {known})"
         for name in policy.agents
         if name not in agents
     ]

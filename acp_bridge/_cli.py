@@ -8,6 +8,7 @@ lines only, from the first byte, including when start-up fails (errors go to std
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from acp_bridge._config import Config, ConfigError, config_from_agent_specs, loa
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import IO
 
 
 EXIT_USAGE = 2
@@ -44,6 +46,15 @@ def _add_logging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-file", metavar="FILE", help="write logs here instead of stderr")
 
 
+def _add_trace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record every message crossing the bridge in FILE (JSON lines, secrets redacted; "
+        "overwritten; read it with `acp-bridge trace show FILE`)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acp-bridge",
@@ -54,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stdio = sub.add_parser("stdio", help="serve one ACP client on stdin/stdout")
     _add_agent_source(stdio)
+    _add_trace(stdio)
     _add_logging(stdio)
 
     prompt = sub.add_parser(
@@ -89,7 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --allow-remote: serve without TLS (the token travels in clear text)",
     )
+    _add_trace(serve)
     _add_logging(serve)
+
+    status = sub.add_parser("status", help="agents, sessions and queues of a running `serve`")
+    status.add_argument("--config", metavar="FILE", help="the daemon's configuration")
+    status.add_argument("--url", help="the daemon (http://HOST:PORT or its ws:// URL)")
+    status.add_argument("--token-file", metavar="FILE", help="file holding the bearer token")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+
+    trace = sub.add_parser("trace", help="read wire traces (written with --trace)")
+    trace_sub = trace.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
+    show = trace_sub.add_parser("show", help="print a trace readably, grouped per session")
+    show.add_argument("file", metavar="FILE")
+    show.add_argument("--session", metavar="ID", help="only this session")
 
     audit = sub.add_parser("audit", help="print the audit trail of approval decisions")
     _add_agent_source(audit)
@@ -171,6 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from acp_bridge._attach import main_attach
 
         return main_attach(args)
+    if args.command == "status":
+        from acp_bridge._status import main_status
+
+        return main_status(args)
+    if args.command == "trace":
+        from acp_bridge._trace import main_trace
+
+        return main_trace(args.file, session=args.session)
 
     protocol_fd = None
     if args.command == "stdio":
@@ -191,8 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from acp_bridge._prompt import PromptFailed
     from acp_bridge._store import StoreError
 
+    trace_file = None
+    if getattr(args, "trace", None):
+        from acp_bridge._trace import open_trace_file
+
+        try:
+            trace_file = open_trace_file(args.trace)
+        except OSError as exc:
+            print(f"acp-bridge: --trace {args.trace}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
-        return _run(args, config, protocol_fd)
+        return _run(args, config, protocol_fd, trace_file)
     except (StoreError, PromptFailed, BaseExceptionGroup) as exc:
         known = _known_failure(exc, (StoreError, PromptFailed))
         if known is None:
@@ -215,12 +257,14 @@ def _known_failure(
     return None
 
 
-def _run(args: argparse.Namespace, config: Config, protocol_fd: int | None) -> int:
+def _run(
+    args: argparse.Namespace, config: Config, protocol_fd: int | None, trace_file: IO[bytes] | None
+) -> int:
     if args.command == "stdio":
         from acp_bridge._stdio import serve_stdio
 
         assert protocol_fd is not None
-        trio.run(serve_stdio, config, protocol_fd)
+        trio.run(functools.partial(serve_stdio, config, protocol_fd, trace_file=trace_file))
         return 0
     if args.command == "serve":
         from acp_bridge._ws import run_serve
@@ -229,6 +273,7 @@ def _run(args: argparse.Namespace, config: Config, protocol_fd: int | None) -> i
             _listen_overrides(config, args.host, args.port),
             allow_remote=args.allow_remote,
             insecure=args.insecure,
+            trace_file=trace_file,
         )
     if args.command == "prompt":
         from acp_bridge._prompt import run_prompt

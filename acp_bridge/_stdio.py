@@ -20,11 +20,14 @@ from acp_bridge._agent import Reaper, make_subprocess_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._store import open_store
+from acp_bridge._trace import open_wire_trace
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from typing import IO
 
     from acp_bridge._agent import Launcher
+    from acp_bridge._bridge import Tracer
     from acp_bridge._config import Config
     from acp_bridge._jsonrpc import JsonObject
 
@@ -45,13 +48,15 @@ async def with_bridge(
     *,
     launcher: Launcher | None = None,
     agent_client_capabilities: JsonObject | None = None,
+    tracer: Tracer | None = None,
 ) -> None:
     """
     Run a bridge with real agent processes around ``body(bridge)``; stop everything after it.
 
     Agents are stopped first (gracefully: stdin EOF → SIGTERM → SIGKILL), then the reaper
     watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way. The store
-    (``[store] path``) holds the audit trail; it is opened first and closed last.
+    (``[store] path``) holds the audit trail; it is opened first and closed last. ``tracer``
+    sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`).
 
     Raises:
         StoreError: the store cannot be opened (or is of a newer schema).
@@ -73,6 +78,7 @@ async def with_bridge(
                     launcher,
                     agent_client_capabilities=agent_client_capabilities,
                     audit=AuditLog(store),
+                    tracer=tracer,
                 )
                 await inner.start(bridge.run)
                 try:
@@ -92,8 +98,10 @@ async def _cancel_on_signals(scope: trio.CancelScope) -> None:
             return
 
 
-async def serve_stdio(config: Config, protocol_fd: int) -> None:
-    """Serve the client on stdin and ``protocol_fd`` until stdin ends."""
+async def serve_stdio(
+    config: Config, protocol_fd: int, *, trace_file: IO[bytes] | None = None
+) -> None:
+    """Serve the client on stdin and ``protocol_fd`` until stdin ends (traced to ``trace_file``)."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(protocol_fd)
 
@@ -101,7 +109,8 @@ async def serve_stdio(config: Config, protocol_fd: int) -> None:
         await serve_client_stream(bridge, stdin, stdout)
 
     try:
-        await with_bridge(config, body)
+        async with open_wire_trace(trace_file) as tracer:
+            await with_bridge(config, body, tracer=tracer)
     finally:
         with trio.CancelScope(shield=True):
             await stdin.aclose()

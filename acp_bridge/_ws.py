@@ -9,7 +9,9 @@ Every TCP connection is read up to the end of its HTTP request head (h11; at mos
    ``allowed_hosts`` entry, with the right port. Anything else is a DNS-rebinding attempt or
    a mistake: **403**.
 2. The path: ``/healthz`` answers **200** or **503** with the agents' states (no token: it
-   carries no session data); the configured path (``/acp``) goes on; anything else **404**.
+   carries no session data); ``/status`` (JSON) and ``/metrics`` (Prometheus text) answer
+   ``GET`` with the token only (``Origin`` and token checked as below, **401** without);
+   the configured path (``/acp``) goes on; anything else **404**.
 3. ``GET`` only (**405**), with ``Upgrade: websocket`` (**426**) and a well-formed upgrade
    (**400**).
 4. ``Origin``: absent is fine (non-browser clients hold the token); present, including the
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import hmac
 import http
 import ipaddress
@@ -70,10 +71,14 @@ import trio_websocket
 
 from acp_bridge._config import ConfigError, default_state_dir
 from acp_bridge._jsonrpc import JsonRpcError, loads
+from acp_bridge._redact import REDACTOR
+from acp_bridge._status import METRICS_CONTENT_TYPE, render_metrics
 from acp_bridge._stdio import with_bridge
+from acp_bridge._trace import open_wire_trace
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
+    from typing import IO
 
     from structlog.typing import FilteringBoundLogger as Log
 
@@ -86,11 +91,13 @@ __all__ = [
     "ListenError",
     "ListenInfo",
     "Refuse",
+    "Report",
     "RequestHead",
     "Upgrade",
     "WebSocketFace",
     "WebSocketStatistics",
     "check_bind",
+    "existing_token",
     "judge",
     "load_or_create_token",
     "run_serve",
@@ -239,11 +246,26 @@ class Health:
 
 
 @attrs.frozen
+class Report:
+    """
+    Answer ``/status`` or ``/metrics`` (the token was checked).
+
+    Attributes:
+        what: ``"status"`` or ``"metrics"``.
+    """
+
+    what: str
+
+
+@attrs.frozen
 class Upgrade:
     """Accept the WebSocket upgrade."""
 
 
-Verdict = Refuse | Health | Upgrade
+Verdict = Refuse | Health | Report | Upgrade
+
+#: Paths of the reports a token holder may read (with GET), and what each is.
+_REPORTS: Final = {"/status": "status", "/metrics": "metrics"}
 
 _BEARER: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
 _BAD_TOKEN: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),)
@@ -268,6 +290,11 @@ def judge(head: RequestHead, policy: HandshakePolicy, *, connections: int) -> Ve
         if head.method != "GET":
             return Refuse(405, "method not allowed", (("Allow", "GET"),))
         return Health()
+    if parts.path in _REPORTS and parts.path != policy.path:
+        if head.method != "GET":
+            return Refuse(405, "method not allowed", (("Allow", "GET"),))
+        refusal = _check_origin_and_token(head, policy, parts.query)
+        return refusal if refusal is not None else Report(_REPORTS[parts.path])
     if parts.path != policy.path:
         return Refuse(404, "not found")
     if head.method != "GET":
@@ -280,17 +307,27 @@ def judge(head: RequestHead, policy: HandshakePolicy, *, connections: int) -> Ve
         return Refuse(426, "unsupported WebSocket version", (("Sec-WebSocket-Version", "13"),))
     if len(head.values("sec-websocket-key")) != 1:
         return Refuse(400, "malformed WebSocket upgrade")
+    refusal = _check_origin_and_token(head, policy, parts.query)
+    if refusal is not None:
+        return refusal
+    if connections >= policy.max_connections:
+        return Refuse(503, "too many connections", (("Retry-After", "5"),))
+    return Upgrade()
+
+
+def _check_origin_and_token(
+    head: RequestHead, policy: HandshakePolicy, query: str
+) -> Refuse | None:
+    """403 for an Origin not allowed, 401 without the right token; None when both pass."""
     origins = head.values("origin")
     if origins and (len(origins) > 1 or _origin_key(origins[0]) not in policy.origins):
         return Refuse(403, "forbidden: Origin not allowed")
-    given = _presented_token(head, parts.query)
+    given = _presented_token(head, query)
     if given is None:
         return Refuse(401, "unauthorized: a bearer token is required", _BEARER)
     if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), policy.token):
         return Refuse(401, "unauthorized: wrong token", _BAD_TOKEN)
-    if connections >= policy.max_connections:
-        return Refuse(503, "too many connections", (("Retry-After", "5"),))
-    return Upgrade()
+    return None
 
 
 def _presented_token(head: RequestHead, query: str) -> str | None:
@@ -482,10 +519,7 @@ def load_or_create_token(config: Config) -> tuple[bytes, str | None]:
     ws = config.websocket
     if ws.token is not None:
         return ws.token.encode(), None
-    path = (
-        pathlib.Path(ws.token_file) if ws.token_file is not None else default_state_dir() / "token"
-    )
-    source = f"{config.source}: websocket.token_file" if ws.token_file else str(path)
+    path, source = _token_path(config)
     try:
         token = _read_token(path)
         if token is None:
@@ -500,6 +534,35 @@ def load_or_create_token(config: Config) -> tuple[bytes, str | None]:
     if len(token) < 16:
         logger.warning("ws_token_short", path=str(path), length=len(token))
     return token, str(path)
+
+
+def existing_token(config: Config) -> tuple[bytes | None, str | None]:
+    """
+    The token a daemon of ``config`` uses, as :func:`load_or_create_token` finds it, and its
+    file; without generating one (the token is None when the file does not exist).
+
+    Raises:
+        ConfigError: as :func:`load_or_create_token`.
+    """
+    ws = config.websocket
+    if ws.token is not None:
+        return ws.token.encode(), None
+    path, source = _token_path(config)
+    try:
+        return _read_token(path), str(path)
+    except OSError as exc:
+        raise ConfigError(source, [f"{path}: {exc.strerror or exc}"]) from None
+    except _TokenFileError as exc:
+        raise ConfigError(source, [str(exc)]) from None
+
+
+def _token_path(config: Config) -> tuple[pathlib.Path, str]:
+    """The token file of ``config``, and how errors about it name it."""
+    ws = config.websocket
+    path = (
+        pathlib.Path(ws.token_file) if ws.token_file is not None else default_state_dir() / "token"
+    )
+    return path, f"{config.source}: websocket.token_file" if ws.token_file else str(path)
 
 
 class _TokenFileError(Exception):
@@ -775,6 +838,9 @@ class WebSocketFace:
         if isinstance(verdict, Health):
             await self._health(stream, log)
             return None
+        if isinstance(verdict, Report):
+            await self._report(stream, verdict, log)
+            return None
         conn_id = str(uuid.uuid4())
         self._connections.add(conn_id)  # taken now: the cap counts handshakes being accepted
         replay = _ReplayStream(stream, received, send_timeout=self._settings.ping_timeout)
@@ -820,6 +886,16 @@ class WebSocketFace:
         await _send_quietly(
             stream, render_response(200 if ok else 503, body, content_type="application/json")
         )
+
+    async def _report(self, stream: trio.abc.Stream, report: Report, log: Log) -> None:
+        status = self._bridge.status()
+        log.debug("ws_report", what=report.what)
+        if report.what == "metrics":
+            body, content_type = render_metrics(status).encode(), METRICS_CONTENT_TYPE
+        else:
+            body = json.dumps(status, separators=(",", ":")).encode() + b"\n"
+            content_type = "application/json"
+        await _send_quietly(stream, render_response(200, body, content_type=content_type))
 
     async def _serve(
         self, ws: trio_websocket.WebSocketConnection, conn_id: str, replay: _ReplayStream
@@ -1119,6 +1195,8 @@ def startup_summary(info: ListenInfo, *, agent: str, agent_state: str) -> str:
             f"  agent:   {agent} ({agent_state})",
             token_line,
             f"  health:  {http_scheme}://{base}/healthz",
+            f"  status:  acp-bridge status, or {http_scheme}://{base}/status and /metrics "
+            "(with the token)",
             "  Zed: add to settings.json:",
             *(f"    {line}" for line in snippet.splitlines()),
         ]
@@ -1134,12 +1212,19 @@ DAEMON_AGENT_CAPABILITIES: Final = {
 }
 
 
-def run_serve(config: Config, *, allow_remote: bool = False, insecure: bool = False) -> int:
+def run_serve(
+    config: Config,
+    *,
+    allow_remote: bool = False,
+    insecure: bool = False,
+    trace_file: IO[bytes] | None = None,
+) -> int:
     """
     ``acp-bridge serve``: the bridge with real agents, and the WebSocket face, until a signal.
 
     Starts listening first, then the default agent (a failure is logged and ``/healthz``
-    says 503; a later ``initialize`` retries), then prints one summary to stderr.
+    says 503; a later ``initialize`` retries), then prints one summary to stderr. With
+    ``trace_file``, every message is recorded there (see ``_trace.py``).
 
     Returns:
         The exit status: 0 after SIGTERM/SIGINT, 2 for an unusable configuration (bind
@@ -1150,6 +1235,7 @@ def run_serve(config: Config, *, allow_remote: bool = False, insecure: bool = Fa
     except ConfigError as exc:
         print(f"acp-bridge serve: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    REDACTOR.add(prepared.token.decode("utf-8", "replace"))  # never in logs or traces
 
     async def body(bridge: Bridge) -> None:
         async with trio.open_nursery() as nursery:
@@ -1165,14 +1251,16 @@ def run_serve(config: Config, *, allow_remote: bool = False, insecure: bool = Fa
                 state = f"failed to start: {exc.message}"
             print(startup_summary(info, agent=name, agent_state=state), file=sys.stderr, flush=True)
 
+    async def main() -> None:
+        async with open_wire_trace(trace_file) as tracer:
+            await with_bridge(
+                config, body, agent_client_capabilities=DAEMON_AGENT_CAPABILITIES, tracer=tracer
+            )
+
     problems: list[str] = []
     status = 0
     try:
-        trio.run(
-            functools.partial(
-                with_bridge, config, body, agent_client_capabilities=DAEMON_AGENT_CAPABILITIES
-            )
-        )
+        trio.run(main)
     except* ListenError as group:
         problems = [str(exc) for exc in _leaves(group)]
         status = EXIT_LISTEN

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import json
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -58,6 +59,8 @@ class Ask:
     shown: tuple[ClientLink, int] | None = None
     reasked: bool = False
     settled: bool = False
+    #: its key in the store's pending approvals (None: not recorded)
+    key: str | None = None
 
 
 def _selected(option: Option | None) -> JsonObject:
@@ -167,6 +170,11 @@ class Approvals:
             return
         digests = await self._digests(session, req) if req.kind == "edit" and req.paths else None
         entry = Forwarded(agent, agent_id, PERMISSION, session, params, Ask(req, digests))
+        journal = self._bridge.journal
+        if journal is not None:
+            ask = entry.extra
+            ask.key = f"{session.bridge_id}:{agent.name}:{agent_id}:{id(entry)}"
+            journal.pending_added(ask.key, session.bridge_id, agent.name, json.dumps(params))
         deadline = trio.current_time() + self.policy.ask_timeout
         self._bridge.deadlines.schedule(
             ("ask", entry), deadline, functools.partial(self.timed_out, entry)
@@ -314,6 +322,8 @@ class Approvals:
         ask.settled = True
         bridge = self._bridge
         bridge.deadlines.cancel(("ask", entry))
+        if ask.key is not None and bridge.journal is not None:
+            bridge.journal.pending_removed(ask.key)
         session = entry.session
         assert session is not None
         agent: AgentLink = entry.origin

@@ -66,13 +66,14 @@ from acp_bridge._routing import (
     SessionState,
     SessionTable,
 )
-from acp_bridge._store import AuditRecord
+from acp_bridge._store import AuditRecord, SessionRow
 from acp_bridge._timers import Deadlines
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from acp_bridge._config import AgentConfig, Config
+    from acp_bridge._journal import Journal
 
 logger = structlog.get_logger("acp_bridge.bridge")
 
@@ -503,10 +504,15 @@ class Bridge:
         agent_client_capabilities: JsonObject | None = None,
         audit: AuditLog | None = None,
         tracer: Tracer | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
         self._launcher = launcher
         self.tracer = tracer
+        #: the durable side (sessions, journal, pending approvals); None: memory only
+        self.journal = journal
+        #: restored sessions whose agent could not take them up again: why
+        self._unrestorable: dict[str, str] = {}
         self.redactor = REDACTOR
         for agent_config in config.agents.values():
             self.redactor.add_env(agent_config.env)
@@ -545,8 +551,66 @@ class Bridge:
             nursery.start_soon(self.deadlines.run)
             if self.audit.store is not None:
                 nursery.start_soon(self.audit.run)
+            if self.journal is not None:
+                await self._restore()
+                nursery.start_soon(self.journal.run)
             task_status.started(self)
             await trio.sleep_forever()
+
+    async def _restore(self) -> None:
+        """
+        After a restart: the sessions the store knows come back as STORED (listed, loadable;
+        their numbering continues), and approvals that were waiting when the bridge stopped
+        are settled by the unattended rule (the agents that asked are gone): audited.
+        """
+        assert self.journal is not None
+        store = self.journal.store
+        rows = await trio.to_thread.run_sync(store.sessions)
+        for row in rows:
+            if row.state == "closed" or row.agent not in self.agents:
+                continue
+            try:
+                session = self.sessions.bind(row.agent, row.agent_id, row.bridge_id)
+            except ValueError:
+                continue
+            session.state = SessionState.STORED
+            session.roots = row.roots
+            session.setup = dict(row.setup)
+            session.unattended = row.unattended
+            session.created = row.created
+            history = self._history(session)
+            _, last = await trio.to_thread.run_sync(store.journal_bounds, row.bridge_id)
+            history.last_seq = last
+        leftovers = await trio.to_thread.run_sync(store.pending_approvals)
+        for key, sid, agent, _params in leftovers:
+            await self.audit.record(
+                AuditRecord(
+                    session=sid,
+                    agent=agent,
+                    decision="deny",
+                    source="restart",
+                    detail="pending when the bridge stopped; the agent that asked is gone",
+                )
+            )
+            self.journal.pending_removed(key)
+        if rows or leftovers:
+            self.log.info("restored", sessions=len(self.sessions), settled=len(leftovers))
+
+    def persist(self, session: Session, state: str = "active") -> None:
+        """Record a session's row in the store (no-op without one)."""
+        if self.journal is not None:
+            self.journal.session(
+                SessionRow(
+                    bridge_id=session.bridge_id,
+                    agent=session.agent,
+                    agent_id=session.agent_id,
+                    roots=session.roots,
+                    setup=session.setup,
+                    unattended=session.unattended,
+                    state=state,
+                    created=session.created,
+                )
+            )
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._nursery is not None, "Bridge.run() is not running"
@@ -616,6 +680,7 @@ class Bridge:
             await self._answer_unattended(entry, "grace")
         session.parked.clear()
         self.sessions.remove(session)
+        self._forget(session)
         self.log.info("session_closed_after_grace", session=session.bridge_id, agent=agent.name)
         await self.agent_log(
             agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
@@ -633,6 +698,14 @@ class Bridge:
             await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
         except JsonRpcError as exc:
             self.log.warning("session_close_failed", agent=agent.name, error=exc.message)
+
+    def _forget(self, session: Session, *, delete: bool = False) -> None:
+        """A closed session: marked closed in the store (its journal kept); deleted: gone."""
+        if self.journal is not None:
+            if delete:
+                self.journal.delete(session.bridge_id)
+            else:
+                self.persist(session, "closed")
 
     def _take_ownership(
         self, session: Session, client: ClientLink
@@ -906,6 +979,7 @@ class Bridge:
         session_caps = dict(caps.get("sessionCapabilities") or {})
         session_caps["resume"] = {}
         session_caps["close"] = {}
+        session_caps["delete"] = {}
         if any(_has_session_cap(a.capabilities, "list") for a in self.agents.values()):
             session_caps["list"] = {}
         caps["sessionCapabilities"] = session_caps
@@ -983,11 +1057,18 @@ class Bridge:
                 return
             raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
         agent = self.agents[session.agent]
+        if session.state is SessionState.STORED:
+            await self._stored_request(client, msg, params, session, agent)
+            return
         live = session.state is SessionState.ACTIVE and agent.state is AgentState.READY
         if live and method in ("session/load", "session/resume"):
             await self._reattach(client, msg, params, session)
             return
-        if live and method == "session/close" and not _has_session_cap(agent.capabilities, "close"):
+        if (
+            live
+            and method in ("session/close", "session/delete")
+            and not _has_session_cap(agent.capabilities, method.removeprefix("session/"))
+        ):
             await self._close_without_agent(client, msg, session, agent)
             return
         owner = session.client
@@ -1054,6 +1135,122 @@ class Bridge:
         if method == "session/fork":
             setup = _Setup(_roots_of(params) or session.roots, session.unattended)
         await self._forward(client, msg, agent, session, setup)
+
+    async def _stored_request(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        agent: AgentLink,
+    ) -> None:
+        """A session known only from the store (the bridge restarted)."""
+        method: str = msg["method"]
+        if method == "session/load":
+            self._spawn(self._restore_session, client, msg, params, session, agent)
+        elif method in ("session/close", "session/delete"):
+            self.sessions.remove(session)
+            self._forget(session, delete=method == "session/delete")
+            await client.send(dumps(result_msg(msg["id"], {})))
+        else:
+            why = self._unrestorable.get(session.bridge_id)
+            raise JsonRpcError.resource_not_found(
+                f"session {session.bridge_id!r} cannot continue: {why}"
+                if why is not None
+                else f"session {session.bridge_id!r} is not live since the bridge restarted: "
+                "session/load it first"
+            )
+
+    async def _restore_session(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        agent: AgentLink,
+    ) -> None:
+        """
+        ``session/load`` after a restart: the agent restores the session when it can
+        (``loadSession``: its own replay is relayed); otherwise — or when it fails — the
+        client gets the journal's replay and a clear statement that the agent cannot
+        continue it (``_meta.acp_bridge.restored: false`` with the reason; a prompt then
+        fails with -32002).
+        """
+        reason = f"agent {agent.name!r} does not support session/load"
+        try:
+            await self.ensure_ready(agent)
+            if agent.capabilities.get("loadSession"):
+                self._strip_unsupported_setup(agent, params)
+                query = {**params, "sessionId": session.agent_id}
+                query.pop("_meta", None)
+                session.state = SessionState.LOADING
+                session.client = client
+                try:
+                    result = await self._internal_request(agent, "session/load", query)
+                except JsonRpcError as exc:
+                    reason = f"agent {agent.name!r} could not load it: {exc.message}"
+                else:
+                    session.state = SessionState.ACTIVE
+                    _capture_setup(session, result)
+                    self.persist(session)
+                    answer = dict(result) if isinstance(result, dict) else {}
+                    answer["_meta"] = {
+                        "acp_bridge": {"restored": True, "lastSeq": self._history(session).last_seq}
+                    }
+                    await client.send(dumps(result_msg(msg["id"], answer)))
+                    await self._attach(session, client)
+                    return
+                finally:
+                    if session.state is SessionState.LOADING:
+                        session.state = SessionState.STORED
+                        session.client = None
+        except JsonRpcError as exc:
+            reason = f"agent {agent.name!r} is not available: {exc.message}"
+        await self._replay_journal(client, msg, params, session, reason)
+
+    async def _replay_journal(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        reason: str,
+    ) -> None:
+        assert self.journal is not None
+        self._unrestorable[session.bridge_id] = reason
+        after = _bridge_meta(params).get("after_seq")
+        catch_up = type(after) is int
+        start = after if type(after) is int and after > 0 else 0
+        entries = await trio.to_thread.run_sync(
+            functools.partial(
+                self.journal.store.journal, session.bridge_id, after_seq=start, live_only=catch_up
+            )
+        )
+        expected = start + 1
+        complete = session.bridge_id not in self.journal.gaps
+        for entry in entries:
+            if entry.seq != expected and entry.live:
+                complete = False
+            expected = entry.seq + 1
+            await client.send_wait(self._stamped(client, entry.seq, entry.data))
+        if entries and start and entries[0].seq > start + 1 and not catch_up:
+            complete = False
+        answer: JsonObject = dict(session.setup)
+        answer["_meta"] = {
+            "acp_bridge": {
+                "restored": False,
+                "reason": reason,
+                "lastSeq": self._history(session).last_seq,
+                "complete": complete,
+            }
+        }
+        await client.send_wait(dumps(result_msg(msg["id"], answer)))
+        await self.send_log(
+            client,
+            "warning",
+            f"session replayed from the bridge's journal; the agent cannot continue it ({reason})",
+            session=session,
+        )
 
     async def _reattach(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
@@ -1151,13 +1348,17 @@ class Bridge:
     async def _close_without_agent(
         self, client: ClientLink, msg: JsonObject, session: Session, agent: AgentLink
     ) -> None:
-        """``session/close`` for an agent without it: cancel its work, forget the session."""
+        """
+        ``session/close`` (or ``delete``) for an agent without it: cancel its work, forget the
+        session (delete: its journal too).
+        """
         agent.send_nowait(
             dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
         )
         await self._settle_permissions(session, "cancelled", "close")
         self.deadlines.cancel(("detach", session))
         self.sessions.remove(session)
+        self._forget(session, delete=msg["method"] == "session/delete")
         await client.send(dumps(result_msg(msg["id"], {})))
 
     def _remember_prompt(self, session: Session, params: JsonObject) -> None:
@@ -1168,14 +1369,14 @@ class Bridge:
         history = self._history(session)
         for block in prompt:
             update = {"sessionUpdate": "user_message_chunk", "content": block}
-            history.append(
-                dumps(
-                    notification_msg(
-                        "session/update", {"sessionId": session.bridge_id, "update": update}
-                    )
-                ),
-                live=False,
+            data = dumps(
+                notification_msg(
+                    "session/update", {"sessionId": session.bridge_id, "update": update}
+                )
             )
+            seq = history.append(data, live=False)
+            if self.journal is not None:
+                self.journal.entry(session.bridge_id, seq, data, live=False)
 
     async def _load_unknown(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
@@ -1272,12 +1473,33 @@ class Bridge:
                 if inner is not None or (sessions and index < len(listing)):
                     next_cursor = _encode_cursor(index, inner)
                     break
+            if next_cursor is None:
+                sessions += self._bridge_listed(listing, params.get("cwd"))
             answer: JsonObject = {"sessions": sessions}
             if next_cursor is not None:
                 answer["nextCursor"] = next_cursor
             await client.send(dumps(result_msg(msg["id"], answer)))
         except JsonRpcError as exc:
             await self._reply_error(client, msg["id"], exc)
+
+    def _bridge_listed(self, listing: list[AgentLink], cwd: object) -> list[JsonObject]:
+        """Sessions the bridge itself knows that no agent's own list covers (e.g. restored)."""
+        listed = {a.name for a in listing}
+        out: list[JsonObject] = []
+        for session in self.sessions:
+            if session.state is SessionState.LISTED:
+                continue
+            if session.agent in listed and session.state is not SessionState.STORED:
+                continue
+            root = session.roots[0] if session.roots else None
+            if isinstance(cwd, str) and root != cwd:
+                continue
+            info: JsonObject = {"sessionId": session.bridge_id, "cwd": root or "/"}
+            if len(session.roots) > 1:
+                info["additionalDirectories"] = list(session.roots[1:])
+            info["_meta"] = {"acp_bridge": {"agent": session.agent, "state": session.state.value}}
+            out.append(info)
+        return out
 
     async def _internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
         """A request of the bridge's own to an agent; returns its result or raises."""
@@ -1700,7 +1922,12 @@ class Bridge:
         else:
             data = line + b"\n"
         history = session.history
-        seq = history.append(data) if history is not None else 0
+        seq = 0
+        if history is not None and session.state is not SessionState.LOADING:
+            # (An agent's own load replay repeats what the journal has: not recorded again.)
+            seq = history.append(data)
+            if self.journal is not None:
+                self.journal.entry(session.bridge_id, seq, data)
         update = params.get("update")
         if type(update) is dict and update.get("sessionUpdate") in _SETUP_UPDATES:
             _track_setup(session, update)
@@ -1926,6 +2153,7 @@ class Bridge:
                     new.unattended = entry.context.unattended
                 self._history(new)
                 _capture_setup(new, result)
+                self.persist(new)
                 if new.rewrite:
                     result["sessionId"] = new.bridge_id
                 early = self._take_early_updates(agent, new)
@@ -1938,6 +2166,7 @@ class Bridge:
                 session.state = SessionState.ACTIVE
                 session.client = client
                 _capture_setup(session, result)
+                self.persist(session)
             elif isinstance(entry.context, tuple):
                 session.state, session.client = entry.context
             else:
@@ -1948,12 +2177,14 @@ class Bridge:
                 session.client = client
                 self._history(session)
                 _capture_setup(session, result)
+                self.persist(session)
             elif session.state is SessionState.LOADING:
                 self.sessions.remove(session)
         elif method == "session/set_config_option" and session is not None and ok:
             _capture_setup(session, result)
         elif method in ("session/close", "session/delete") and session is not None and ok:
             self.sessions.remove(session)
+            self._forget(session, delete=method == "session/delete")
         return early
 
     def _take_early_updates(self, agent: AgentLink, session: Session) -> list[bytes]:

@@ -199,9 +199,15 @@ class StoreConfig:
     Attributes:
         path: the database file; ``None`` for ``bridge.db`` under :func:`default_state_dir`;
             ``":memory:"`` for a throwaway store.
+        journal: keep sessions and their relayed updates (replay after a restart).
+        journal_keep: updates kept per session (the oldest are trimmed).
+        journal_days: days an update is kept (0: no age limit).
     """
 
     path: str | None = None
+    journal: bool = True
+    journal_keep: int = 100_000
+    journal_days: float = 30.0
 
     def resolved_path(self) -> str:
         """The database to open: ``path``, or the default under the state directory."""
@@ -537,6 +543,8 @@ def _check(config: Config) -> list[str]:
     need(ws.idle_timeout >= 0, "websocket.idle_timeout", "must not be negative")
     need(ws.handshake_timeout > 0, "websocket.handshake_timeout", "must be positive")
     need(config.store.path != "", "store.path", "must not be empty")
+    need(config.store.journal_keep >= 1, "store.journal_keep", "must be at least 1")
+    need(config.store.journal_days >= 0, "store.journal_days", "must not be negative")
     return problems
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
+import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
@@ -37,6 +38,9 @@ class SessionState(enum.Enum):
     ACTIVE = "active"
     #: its agent exited; requests for it fail until it is loaded again
     ENDED = "ended"
+    #: known from the store (the bridge restarted): its agent session is not live; a
+    #: session/load restores it (through the agent, or replayed from the journal)
+    STORED = "stored"
 
 
 class History:
@@ -121,6 +125,8 @@ class Session:
     roots: tuple[str, ...] = ()
     #: declared unattended at session/new: nobody will answer its approvals
     unattended: bool = False
+    #: when it was created (wall clock, for the store)
+    created: float = attrs.field(factory=time.time)
 
 
 class SessionTable:

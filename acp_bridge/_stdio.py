@@ -19,7 +19,8 @@ import trio
 from acp_bridge._agent import Reaper, make_subprocess_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
-from acp_bridge._store import open_store
+from acp_bridge._journal import Journal
+from acp_bridge._store import Store, open_store
 from acp_bridge._trace import open_wire_trace
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ async def with_bridge(
                     agent_client_capabilities=agent_client_capabilities,
                     audit=AuditLog(store),
                     tracer=tracer,
+                    journal=_journal_of(config, store),
                 )
                 await inner.start(bridge.run)
                 try:
@@ -115,3 +117,13 @@ async def serve_stdio(
         with trio.CancelScope(shield=True):
             await stdin.aclose()
             await stdout.aclose()
+
+
+def _journal_of(config: Config, store: Store) -> Journal | None:
+    settings = config.store
+    if not settings.journal:
+        return None
+    days = settings.journal_days
+    return Journal(
+        store, keep_entries=settings.journal_keep, max_age=days * 86400 if days else None
+    )

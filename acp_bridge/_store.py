@@ -1,9 +1,9 @@
 """
-The bridge's SQLite store: the audit log of approval decisions (and, later, sessions and their
-journal). Standard-library ``sqlite3``, WAL, one writer.
+The bridge's SQLite store: sessions and their journal, pending approvals, the audit log.
+Standard-library ``sqlite3``, WAL, one writer.
 
-Pure of trio: the blocking calls live here; ``AuditLog`` below is the trio adapter that batches
-records and writes them off the event loop.
+Pure of trio: the blocking calls live here; ``_audit.AuditLog`` and ``_journal.Journal`` are
+the trio adapters that batch writes and run them off the event loop.
 """
 
 from __future__ import annotations
@@ -38,7 +38,61 @@ MIGRATIONS: Final[Sequence[str]] = (
         detail TEXT
     );
     """,
+    """
+    CREATE TABLE sessions (
+        bridge_id TEXT PRIMARY KEY,
+        agent TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        roots TEXT NOT NULL,
+        setup TEXT NOT NULL,
+        unattended INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        created REAL NOT NULL,
+        last_active REAL NOT NULL
+    );
+    CREATE TABLE journal (
+        session TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        live INTEGER NOT NULL,
+        time REAL NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (session, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE pending_approvals (
+        key TEXT PRIMARY KEY,
+        session TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        params TEXT NOT NULL,
+        time REAL NOT NULL
+    );
+    """,
 )
+
+
+@attrs.frozen
+class SessionRow:
+    """What the store keeps of a session: enough to list it, route it and replay it."""
+
+    bridge_id: str
+    agent: str
+    agent_id: str
+    roots: tuple[str, ...] = ()
+    setup: dict[str, Any] = attrs.field(factory=dict)
+    unattended: bool = False
+    state: str = "active"
+    created: float = attrs.field(factory=time.time)
+    last_active: float = attrs.field(factory=time.time)
+
+
+@attrs.frozen
+class JournalEntry:
+    """One relayed update (or the user's prompt: ``live`` False) of a session, numbered."""
+
+    session: str
+    seq: int
+    data: bytes
+    live: bool = True
+    time: float = attrs.field(factory=time.time)
 
 
 @attrs.frozen
@@ -108,6 +162,119 @@ class Store:
                 f"INSERT INTO audit ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 [r.as_row() for r in records],
             )
+
+    # -- sessions and journal
+
+    def write(
+        self,
+        *,
+        sessions: Iterable[SessionRow] = (),
+        journal: Iterable[JournalEntry] = (),
+        deleted: Iterable[str] = (),
+        pending_added: Iterable[tuple[str, str, str, str]] = (),
+        pending_removed: Iterable[str] = (),
+    ) -> None:
+        """One transaction for a batch of changes (the journal writer calls this)."""
+        with self._conn as conn:
+            conn.executemany(
+                "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(bridge_id) DO "
+                "UPDATE SET agent=excluded.agent, agent_id=excluded.agent_id, "
+                "roots=excluded.roots, setup=excluded.setup, unattended=excluded.unattended, "
+                "state=excluded.state, last_active=excluded.last_active",
+                [
+                    (
+                        r.bridge_id,
+                        r.agent,
+                        r.agent_id,
+                        json.dumps(list(r.roots)),
+                        json.dumps(r.setup),
+                        int(r.unattended),
+                        r.state,
+                        r.created,
+                        r.last_active,
+                    )
+                    for r in sessions
+                ],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO journal VALUES (?,?,?,?,?)",
+                [(e.session, e.seq, int(e.live), e.time, e.data) for e in journal],
+            )
+            for bridge_id in deleted:
+                conn.execute("DELETE FROM journal WHERE session = ?", (bridge_id,))
+                conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (bridge_id,))
+            conn.executemany(
+                "INSERT OR REPLACE INTO pending_approvals VALUES (?,?,?,?,?)",
+                [
+                    (key, sid, agent, params, time.time())
+                    for key, sid, agent, params in pending_added
+                ],
+            )
+            conn.executemany(
+                "DELETE FROM pending_approvals WHERE key = ?", [(k,) for k in pending_removed]
+            )
+
+    def sessions(self) -> list[SessionRow]:
+        rows = self._conn.execute(
+            "SELECT bridge_id, agent, agent_id, roots, setup, unattended, state, created, "
+            "last_active FROM sessions ORDER BY created"
+        ).fetchall()
+        return [
+            SessionRow(
+                bridge_id=r[0],
+                agent=r[1],
+                agent_id=r[2],
+                roots=tuple(json.loads(r[3])),
+                setup=json.loads(r[4]),
+                unattended=bool(r[5]),
+                state=r[6],
+                created=r[7],
+                last_active=r[8],
+            )
+            for r in rows
+        ]
+
+    def journal(
+        self, session: str, *, after_seq: int = 0, live_only: bool = False, limit: int = 10**9
+    ) -> list[JournalEntry]:
+        query = "SELECT seq, live, time, data FROM journal WHERE session = ? AND seq > ?"
+        if live_only:
+            query += " AND live = 1"
+        rows = self._conn.execute(query + " ORDER BY seq LIMIT ?", (session, after_seq, limit))
+        return [JournalEntry(session, r[0], bytes(r[3]), bool(r[1]), r[2]) for r in rows]
+
+    def journal_bounds(self, session: str) -> tuple[int, int]:
+        """(first, last) sequence numbers kept for a session; (0, 0) when none."""
+        first, last = self._conn.execute(
+            "SELECT MIN(seq), MAX(seq) FROM journal WHERE session = ?", (session,)
+        ).fetchone()
+        return (first or 0, last or 0)
+
+    def trim_journal(self, *, keep_entries: int, max_age: float | None = None) -> int:
+        """Retention: per session keep the newest ``keep_entries``, none older than ``max_age``."""
+        with self._conn as conn:
+            removed = conn.execute(
+                "DELETE FROM journal WHERE (session, seq) IN (SELECT j.session, j.seq FROM "
+                "journal j JOIN (SELECT session, MAX(seq) AS top FROM journal GROUP BY session) m "
+                "ON j.session = m.session WHERE j.seq <= m.top - ?)",
+                (keep_entries,),
+            ).rowcount
+            if max_age is not None:
+                removed += conn.execute(
+                    "DELETE FROM journal WHERE time < ?", (time.time() - max_age,)
+                ).rowcount
+        return int(removed)
+
+    def pending_approvals(self) -> list[tuple[str, str, str, str]]:
+        """(key, session, agent, params JSON) of approvals that were waiting at the last stop."""
+        return [
+            (r[0], r[1], r[2], r[3])
+            for r in self._conn.execute(
+                "SELECT key, session, agent, params FROM pending_approvals ORDER BY time"
+            )
+        ]
+
+    # -- audit
 
     def audit(self, *, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         """Audit records with an id above ``after_id``, oldest first."""

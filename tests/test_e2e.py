@@ -269,3 +269,74 @@ async def test_100_mib_of_stderr_does_not_delay_the_protocol_and_memory_stays_bo
             assert bridge.proc.stdin is not None
             await bridge.proc.stdin.aclose()
             assert await bridge.proc.wait() == 0
+
+
+#: what a kill -9 may lose of the journal: updates relayed within this long before the kill
+#: (the journal commits every 50 ms; one transaction's own time comes on top)
+JOURNAL_LOSS_WINDOW = 0.5
+
+
+async def test_kill_9_mid_stream_then_restart_keeps_the_journal_and_lists_the_session(tmp_path):
+    demo = [sys.executable, "-m", "acp_bridge", "demo-agent", "--chunk-delay", "0.005"]
+    agent = f"demo={shlex.join(demo)}"
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            bridge = await open_bridge_process(nursery, agent)
+            new = {"cwd": str(tmp_path), "mcpServers": []}
+            sid = (await bridge.call("session/new", new))["result"]["sessionId"]
+            await bridge.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "p",
+                    "method": "session/prompt",
+                    "params": {
+                        "sessionId": sid,
+                        "prompt": [{"type": "text", "text": "count 1000"}],
+                    },
+                }
+            )
+            received: list[tuple[float, str]] = []
+            while len(received) < 150:
+                msg = await bridge.next_message()
+                if msg.get("method") == "session/update":
+                    update = msg["params"]["update"]
+                    if update["sessionUpdate"] == "agent_message_chunk":
+                        received.append((time.monotonic(), update["content"]["text"]))
+            killed_at = time.monotonic()
+            bridge.proc.kill()
+            await bridge.proc.wait()
+
+            again = await open_bridge_process(nursery, agent)
+            listed = await again.call("session/list", {})
+            assert sid in [s["sessionId"] for s in listed["result"]["sessions"]]
+            replay = []
+            await again.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "load",
+                    "method": "session/load",
+                    "params": {**new, "sessionId": sid},
+                }
+            )
+            while True:
+                msg = await again.next_message()
+                if msg.get("id") == "load":
+                    break
+                if msg.get("method") == "session/update":
+                    update = msg["params"]["update"]
+                    if update["sessionUpdate"] == "agent_message_chunk":
+                        replay.append(update["content"]["text"])
+            ours = msg["result"]["_meta"]["acp_bridge"]
+            assert ours["restored"] is False  # the new demo agent process never saw it
+            assert ours["complete"] is True
+            seen = [text for _, text in received]
+            # The journal is what was relayed, in order, nothing twice ...
+            assert replay == seen[: len(replay)] or seen == replay[: len(seen)]
+            # ... and it holds everything relayed up to the last committed batch.
+            settled = [t for at, t in received if at < killed_at - JOURNAL_LOSS_WINDOW]
+            assert len(replay) >= len(settled)
+            print(f"\nkill -9: client saw {len(seen)} chunks, journal kept {len(replay)}")
+            for proc in (again.proc,):
+                assert proc.stdin is not None
+                await proc.stdin.aclose()
+                await proc.wait()

@@ -1,0 +1,251 @@
+"""Durable sessions: the journal in SQLite, replay without loss, recovery after a restart."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+
+import trio
+import trio.lowlevel
+import trio.testing
+
+from acp_bridge._agent import make_in_process_launcher
+from acp_bridge._audit import AuditLog
+from acp_bridge._bridge import Bridge, serve_client_stream
+from acp_bridge._journal import Journal
+from acp_bridge._store import JournalEntry, SessionRow, open_store
+
+from .fakes import FakeAgent, TestClient, connect, make_config, open_bridge
+
+NEW = {"cwd": "/w", "mcpServers": []}
+
+
+@contextlib.asynccontextmanager
+async def durable_bridge(path, agents, **bridge):
+    """A bridge with a journal in the store at ``path``; stopped cleanly at the end."""
+    store = open_store(str(path))
+    config = make_config(agents, **bridge)
+    journal = Journal(store)
+    try:
+        async with trio.open_nursery() as nursery:
+            b = await nursery.start(
+                Bridge(
+                    config,
+                    make_in_process_launcher(dict(agents)),
+                    audit=AuditLog(store),
+                    journal=journal,
+                ).run
+            )
+            client_side, bridge_side = trio.testing.memory_stream_pair()
+            nursery.start_soon(
+                functools.partial(serve_client_stream, b, bridge_side, bridge_side, linger=0)
+            )
+            client = TestClient(client_side)
+            nursery.start_soon(client.read_loop)
+            await client.initialize()
+            yield client, b, nursery
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+def texts(messages, sid):
+    return [
+        m["params"]["update"]["content"]["text"]
+        for m in messages
+        if m.get("method") == "session/update" and m["params"]["sessionId"] == sid
+    ]
+
+
+def test_store_journal_round_trip_trim_and_delete(tmp_path):
+    store = open_store(str(tmp_path / "b.db"))
+    store.write(
+        sessions=[SessionRow("s1", "a", "s1", roots=("/w",), setup={"modes": {}})],
+        journal=[JournalEntry("s1", i, b"u%d" % i, live=i != 1) for i in range(1, 21)],
+    )
+    assert store.journal_bounds("s1") == (1, 20)
+    assert [e.seq for e in store.journal("s1", after_seq=15)] == [16, 17, 18, 19, 20]
+    assert [e.seq for e in store.journal("s1", live_only=True)][:2] == [2, 3]
+    assert store.trim_journal(keep_entries=5) == 15
+    assert store.journal_bounds("s1") == (16, 20)
+    [row] = store.sessions()
+    assert (row.roots, row.setup) == (("/w",), {"modes": {}})
+    store.write(deleted=["s1"])
+    assert store.sessions() == []
+    assert store.journal_bounds("s1") == (0, 0)
+    store.close()
+    # Reopening keeps the schema (migrations are not run twice).
+    open_store(str(tmp_path / "b.db")).close()
+
+
+async def test_restart_lists_the_session_and_replays_the_journal_when_the_agent_cannot(tmp_path):
+    """The new agent process does not know the session: journal replay + a clear statement,
+    and a prompt then fails with -32002 saying why."""
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, _, _n):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 5")
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, _bridge, _n):
+        listed = await client.call("session/list", {})
+        assert sid in [s["sessionId"] for s in listed["sessions"]]
+        before = len(client.received)
+        answer = await client.request("session/load", {**NEW, "sessionId": sid})
+        ours = answer["result"]["_meta"]["acp_bridge"]
+        assert ours["restored"] is False
+        assert "could not load it" in ours["reason"]
+        assert ours["complete"] is True
+        replay = client.received[before : client.received.index(answer)]
+        assert texts(replay, sid) == ["count 5"] + [f"a:s1:{i}" for i in range(5)]
+        refused = await client.prompt(sid, "count 1")
+        assert refused["error"]["code"] == -32002
+        assert "cannot continue" in refused["error"]["message"]
+
+
+async def test_restart_restores_through_an_agent_that_can_load_and_numbering_continues(tmp_path):
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, _, _n):
+        await client.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 99,
+                "method": "initialize",
+                "params": {"protocolVersion": 1, "_meta": {"acp_bridge": {"seq": True}}},
+            }
+        )
+        await client.wait_for(lambda m: m.get("id") == 99)
+        sid = await client.new_session()
+        await client.prompt(sid, "count 3")
+        last = client.seqs(sid)[-1]
+    reborn = FakeAgent("a")
+    reborn.sessions.append("s1")  # this agent can take its session up again
+    async with durable_bridge(db, {"a": reborn}) as (client, bridge, _n):
+        answer = await client.request("session/load", {**NEW, "sessionId": sid})
+        assert answer["result"]["_meta"]["acp_bridge"]["restored"] is True
+        assert texts(client.received, sid) == ["a:s1:replay"]  # the agent's own replay
+        reply = await client.prompt(sid, "count 2")
+        assert reply["result"]["stopReason"] == "end_turn"
+        assert bridge.sessions.get(sid).history.last_seq > last
+
+
+async def test_an_agent_without_load_gets_the_journal_replay(tmp_path):
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a", capabilities={})}) as (client, _, _n):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 2")
+    async with durable_bridge(db, {"a": FakeAgent("a", capabilities={})}) as (client, _, _n):
+        answer = await client.request("session/load", {**NEW, "sessionId": sid})
+        assert "does not support session/load" in answer["result"]["_meta"]["acp_bridge"]["reason"]
+        assert texts(client.received, sid)[-2:] == ["a:s1:0", "a:s1:1"]
+        assert (await client.prompt(sid, "count 1"))["error"]["code"] == -32002
+
+
+async def test_a_pending_approval_at_stop_is_settled_by_the_unattended_rule_after_restart(
+    tmp_path,
+):
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, _, nursery):
+        sid = await client.new_session()
+        nursery.start_soon(client.prompt, sid, "permission")
+        await client.agent_requests.receive()
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
+        restarted = [r for r in bridge.audit.recent if r.source == "restart"]
+        assert len(restarted) == 1
+        assert restarted[0].decision == "deny"
+        assert restarted[0].session == sid
+    store = open_store(str(db))
+    assert store.pending_approvals() == []
+    store.close()
+
+
+async def test_close_frees_and_delete_removes_the_journal(tmp_path):
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
+        first = await client.new_session()
+        second = await client.new_session()
+        await client.prompt(first, "count 2")
+        await client.call("session/close", {"sessionId": first})
+        await client.call("session/delete", {"sessionId": second})
+        await bridge.journal.wait_committed()
+        store = bridge.journal.store
+        rows = {r.bridge_id: r.state for r in store.sessions()}
+        assert rows == {first: "closed"}
+        assert store.journal_bounds(first) == (1, 3)
+
+
+async def reconnect_storm(*, reconnects, total, history_limit, seed):
+    """Drop and come back ``reconnects`` times while an agent streams ``total`` updates;
+    each time load after the last seq seen. Returns what the client saw, in order:
+    numbers, and None where a load said the history was trimmed (resync)."""
+    agent = FakeAgent("a")
+    rng = random.Random(seed)
+    seen: list[int | None] = []
+    last_seq = 0
+    async with open_bridge({"a": agent}, history_limit=history_limit) as (client, bridge):
+        sid = await client.new_session()
+        await client.disconnect()
+        done = trio.Event()
+
+        async def stream():
+            for i in range(total):
+                await agent.update("s1", str(i))
+                await trio.lowlevel.checkpoint()  # a checkpoint, so clients come and go mid-stream
+            done.set()
+
+        async def visit(budget):
+            nonlocal last_seq
+            async with trio.open_nursery() as conn:
+                peer = await connect(bridge, conn, seq=True)
+                answer = await peer.request(
+                    "session/load",
+                    {**NEW, "sessionId": sid, "_meta": {"acp_bridge": {"after_seq": last_seq}}},
+                )
+                if not answer["result"]["_meta"]["acp_bridge"]["complete"]:
+                    seen.append(None)
+
+                def updates():
+                    return [m for m in peer.received if m.get("method") == "session/update"]
+
+                while len(updates()) < budget and not done.is_set():
+                    await peer.changed.wait()
+                for m in updates():
+                    last_seq = m["params"]["_meta"]["acp_bridge"]["seq"]
+                    seen.append(int(m["params"]["update"]["content"]["text"]))
+                await peer.disconnect()
+                conn.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream)
+            for _ in range(reconnects):
+                await visit(rng.randrange(0, 12))
+            await done.wait()
+            await visit(0)  # a last look: whatever is left
+    return seen
+
+
+def check_no_silent_gap(seen, total):
+    """Consecutive and never repeated, except right after an explicit resync marker."""
+    expected = 0
+    for n in seen:
+        if n is None:
+            expected = None
+            continue
+        if expected is not None:
+            assert n == expected, f"got {n}, expected {expected}"
+        expected = n + 1
+    assert seen[-1] == total - 1
+
+
+async def test_1000_random_disconnects_with_after_seq_lose_and_repeat_nothing():
+    """A client drops at random points while an agent streams; each time it comes back it
+    loads after the last seq it saw: every update exactly once, in order."""
+    seen = await reconnect_storm(reconnects=1000, total=3000, history_limit=100_000, seed=1)
+    check_no_silent_gap(seen, 3000)
+    assert None not in seen
+    assert seen == list(range(3000))
+
+
+async def test_random_disconnects_past_retention_say_resync_instead_of_a_silent_gap():
+    seen = await reconnect_storm(reconnects=300, total=3000, history_limit=20, seed=2)
+    check_no_silent_gap(seen, 3000)
+    assert None in seen

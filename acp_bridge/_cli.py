@@ -122,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
     _add_logging(audit)
 
+    sessions = sub.add_parser(
+        "sessions", help="list the sessions in the store, or export one's journal"
+    )
+    _add_agent_source(sessions)
+    sessions.add_argument(
+        "action", nargs="?", choices=["list", "export"], default="list", help="(default: list)"
+    )
+    sessions.add_argument("session_id", nargs="?", metavar="ID", help="with export: the session")
+    sessions.add_argument("--json", action="store_true", help="list as JSON lines")
+    _add_logging(sessions)
+
     attach = sub.add_parser(
         "attach",
         help="stdio ↔ WebSocket shim: an editor's agent that reaches a running `serve`",
@@ -176,7 +187,7 @@ def _load(args: argparse.Namespace) -> Config:
         return config_from_agent_specs(args.agent, base=base)
     if args.config:
         return load_config(args.config)
-    if args.command == "audit" and not args.agent:
+    if args.command in ("audit", "sessions") and not args.agent:
         return Config(agents={})  # only the store matters: its default path
     if args.agent:
         return config_from_agent_specs(args.agent)
@@ -285,6 +296,8 @@ def _run(
         return 0
     if args.command == "audit":
         return _audit(config, follow=args.follow, as_json=args.json)
+    if args.command == "sessions":
+        return _sessions(config, args.action, args.session_id, as_json=args.json)
     raise AssertionError(f"unknown command {args.command}")
 
 
@@ -305,3 +318,51 @@ def _audit(config: Config, *, follow: bool, as_json: bool) -> int:
     finally:
         store.close()
     return 0
+
+
+def _sessions(config: Config, action: str, session_id: str | None, *, as_json: bool) -> int:
+    """
+    ``acp-bridge sessions``: what the store holds. ``export ID`` writes the session's journal
+    as JSON lines (the relayed ``session/update`` messages, user prompts included, in order).
+    """
+    import json
+    import time
+
+    from acp_bridge._store import open_store
+
+    store = open_store(config.store.resolved_path())
+    try:
+        rows = store.sessions()
+        if action == "export":
+            if session_id is None:
+                print("acp-bridge sessions export: which session? (ID)", file=sys.stderr)
+                return EXIT_USAGE
+            if session_id not in {r.bridge_id for r in rows}:
+                print(f"acp-bridge sessions export: no session {session_id!r}", file=sys.stderr)
+                return 1
+            for entry in store.journal(session_id):
+                sys.stdout.write(entry.data.decode("utf-8"))
+            return 0
+        for row in rows:
+            first, last = store.journal_bounds(row.bridge_id)
+            if as_json:
+                record = {
+                    "sessionId": row.bridge_id,
+                    "agent": row.agent,
+                    "agentSessionId": row.agent_id,
+                    "cwd": row.roots[0] if row.roots else None,
+                    "state": row.state,
+                    "created": row.created,
+                    "journal": {"first": first, "last": last},
+                }
+                print(json.dumps(record))
+            else:
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.created))
+                cwd = row.roots[0] if row.roots else "-"
+                print(
+                    f"{row.bridge_id}  {row.agent:12}  {row.state:7}  {when}  "
+                    f"updates {first}..{last}  {cwd}"
+                )
+        return 0
+    finally:
+        store.close()

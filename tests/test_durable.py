@@ -249,3 +249,24 @@ async def test_random_disconnects_past_retention_say_resync_instead_of_a_silent_
     seen = await reconnect_storm(reconnects=300, total=3000, history_limit=20, seed=2)
     check_no_silent_gap(seen, 3000)
     assert None in seen
+
+
+def test_sessions_command_lists_and_exports(capsys):
+    from acp_bridge._cli import main
+    from acp_bridge._config import default_state_dir
+
+    store = open_store(str(default_state_dir() / "bridge.db"))
+    update = b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1"}}\n'
+    store.write(
+        sessions=[SessionRow("s1", "demo", "s1", roots=("/w",))],
+        journal=[JournalEntry("s1", 1, update), JournalEntry("s1", 2, update)],
+    )
+    store.close()
+    assert main(["sessions"]) == 0
+    out = capsys.readouterr().out
+    assert "s1" in out
+    assert "demo" in out
+    assert "updates 1..2" in out
+    assert main(["sessions", "export", "s1"]) == 0
+    assert capsys.readouterr().out == (update * 2).decode()
+    assert main(["sessions", "export", "nope"]) == 1

@@ -842,6 +842,7 @@ class Bridge:
             "connections": clients,
             "counters": dict(self.counters),
             "approvals": dict(self.approvals.counts),
+            "journal": self.journal.statistics() if self.journal is not None else None,
         }
 
     def health(self) -> tuple[bool, JsonObject]:
@@ -915,6 +916,8 @@ class Bridge:
                 raise JsonRpcError.invalid_params(f"level: expected one of {', '.join(LOG_LEVELS)}")
             client.log_level = level
             await client.send(dumps(result_msg(msg["id"], {})))
+        elif method == "_acp_bridge/status":
+            await client.send(dumps(result_msg(msg["id"], self.status())))
         elif method == "_acp_bridge/agents":
             await client.send(
                 dumps(

@@ -89,6 +89,24 @@ class Journal:
             self._pending_removed.append(key)
             self._wake.set()
 
+    def backlog(self) -> int:
+        """Changes recorded and not committed yet (0: the store has everything)."""
+        return (
+            len(self._sessions)
+            + len(self._entries)
+            + len(self._deleted)
+            + len(self._pending_added)
+            + len(self._pending_removed)
+        )
+
+    def statistics(self) -> dict[str, object]:
+        return {
+            "commits": self.commits,
+            "entriesWritten": self.entries_written,
+            "backlog": self.backlog(),
+            "gaps": sorted(self.gaps),
+        }
+
     # -- writing
 
     async def wait_committed(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -57,7 +58,9 @@ class BridgeProcess:
                 return msg
 
 
-async def open_bridge_process(nursery: trio.Nursery, *agents: str) -> BridgeProcess:
+async def open_bridge_process(
+    nursery: trio.Nursery, *agents: str, client_capabilities: dict[str, Any] | None = None
+) -> BridgeProcess:
     argv = [sys.executable, "-m", "acp_bridge", "stdio", "--log-level", "debug"]
     for agent in agents:
         argv += ["--agent", agent]
@@ -66,7 +69,9 @@ async def open_bridge_process(nursery: trio.Nursery, *agents: str) -> BridgeProc
     )
     nursery.start_soon(_reap, proc)
     bridge = BridgeProcess(proc)
-    init = await bridge.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+    init = await bridge.call(
+        "initialize", {"protocolVersion": 1, "clientCapabilities": client_capabilities or {}}
+    )
     assert init["result"]["protocolVersion"] == 1
     return bridge
 
@@ -271,6 +276,8 @@ async def test_100_mib_of_stderr_does_not_delay_the_protocol_and_memory_stays_bo
             assert await bridge.proc.wait() == 0
 
 
+FS = {"fs": {"readTextFile": True, "writeTextFile": True}}
+
 #: what a kill -9 may lose of the journal: updates relayed within this long before the kill
 #: (the journal commits every 50 ms; one transaction's own time comes on top)
 JOURNAL_LOSS_WINDOW = 0.5
@@ -281,7 +288,7 @@ async def test_kill_9_mid_stream_then_restart_keeps_the_journal_and_lists_the_se
     agent = f"demo={shlex.join(demo)}"
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            bridge = await open_bridge_process(nursery, agent)
+            bridge = await open_bridge_process(nursery, agent, client_capabilities=FS)
             new = {"cwd": str(tmp_path), "mcpServers": []}
             sid = (await bridge.call("session/new", new))["result"]["sessionId"]
             await bridge.send(
@@ -302,6 +309,26 @@ async def test_kill_9_mid_stream_then_restart_keeps_the_journal_and_lists_the_se
                     update = msg["params"]["update"]
                     if update["sessionUpdate"] == "agent_message_chunk":
                         received.append((time.monotonic(), update["content"]["text"]))
+            # A second session waits on a permission nobody answers.
+            other = (await bridge.call("session/new", new))["result"]["sessionId"]
+            await bridge.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "w",
+                    "method": "session/prompt",
+                    "params": {
+                        "sessionId": other,
+                        "prompt": [{"type": "text", "text": "write f.txt x"}],
+                    },
+                }
+            )
+            while (await bridge.next_message()).get("method") != "session/request_permission":
+                pass
+            # Round trips (no sleeping) until the journal has committed what it recorded,
+            # the pending approval included.
+            while (await bridge.call("_acp_bridge/status", {}))["result"]["journal"]["backlog"]:
+                pass
+            assert _pending_in_store()
             killed_at = time.monotonic()
             bridge.proc.kill()
             await bridge.proc.wait()
@@ -340,3 +367,23 @@ async def test_kill_9_mid_stream_then_restart_keeps_the_journal_and_lists_the_se
                 assert proc.stdin is not None
                 await proc.stdin.aclose()
                 await proc.wait()
+    # The approval that was pending at the kill was settled by the unattended rule.
+    audit = await trio.run_process(
+        [sys.executable, "-m", "acp_bridge", "audit", "--json"], capture_stdout=True
+    )
+    records = [json.loads(line) for line in audit.stdout.splitlines()]
+    assert [(r["decision"], r["source"]) for r in records] == [("deny", "restart")]
+    assert records[0]["session"] == other
+    assert not _pending_in_store()
+
+
+def _pending_in_store() -> bool:
+    """Is any approval recorded as pending in this test's store? (read-only peek)"""
+    from acp_bridge._config import default_state_dir
+    from acp_bridge._store import open_store
+
+    store = open_store(str(default_state_dir() / "bridge.db"))
+    try:
+        return bool(store.pending_approvals())
+    finally:
+        store.close()

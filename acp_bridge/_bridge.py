@@ -140,6 +140,10 @@ def guess_level(line: str) -> str:
 
 #: answers kept for a detached session until a connection takes it back (more are dropped)
 HELD_RESPONSES_MAX: Final = 256
+#: how long a non-blocking client's full queue may stay full before it is disconnected (the
+#: agent's reader waits meanwhile: a fast agent is throttled to the client's pace, a client
+#: that stopped reading is let go)
+OVERFLOW_WAIT: Final = 1.0
 #: how long a non-blocking client may take nothing while it is sent a bulk answer (a replay)
 REPLY_SEND_TIMEOUT: Final = 30.0
 #: bytes joined into one write by a writer task
@@ -282,11 +286,29 @@ class ClientLink:
         self._send.close()
 
     async def send(self, data: bytes) -> None:
-        """Queue bytes for the client (see the module's backpressure notes)."""
-        if self.blocking:
-            await self.send_wait(data)
-        else:
-            self.send_nowait(data)
+        """
+        Queue bytes for the client (see the module's backpressure notes).
+
+        The hot path: when the queue has room this does not yield to the scheduler at all,
+        so a reader relays a whole chunk of an agent's output in one go and the writer finds
+        it all queued (one write for many messages). When the queue is full, a blocking link
+        (stdio) waits for room; a non-blocking one (WebSocket) waits at most
+        ``OVERFLOW_WAIT`` seconds — a writer that frees no room for that long belongs to a
+        client that is not reading, which is then disconnected.
+        """
+        if self.closed:
+            return
+        try:
+            self._send.send_nowait(data)
+        except trio.WouldBlock:
+            await self._send_when_room(data, None if self.blocking else OVERFLOW_WAIT)
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.close("connection closed")
+            return
+        self._counters["to_client"] += 1
+        if self._tracer is not None:
+            self._tracer(self._link, "out", data)
 
     async def send_wait(self, data: bytes) -> None:
         """
@@ -294,10 +316,13 @@ class ClientLink:
         replay), which may be far larger than the queue. A non-blocking client that takes
         nothing for ``REPLY_SEND_TIMEOUT`` seconds is disconnected; a blocking one is waited for.
         """
+        await self._send_when_room(data, None if self.blocking else REPLY_SEND_TIMEOUT)
+
+    async def _send_when_room(self, data: bytes, wait: float | None) -> None:
         if self.closed:
             return
-        timeout = REPLY_SEND_TIMEOUT
-        deadline = trio.current_time() + timeout if not self.blocking else float("inf")
+        timeout = wait if wait is not None else float("inf")
+        deadline = trio.current_time() + timeout
         self._counters["to_client"] += 1
         if self._tracer is not None:
             self._tracer(self._link, "out", data)
@@ -307,7 +332,7 @@ class ClientLink:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.close("connection closed")
         if waiting.cancelled_caught:
-            self.close(f"client took nothing for {timeout:g}s")
+            self.close(f"client is not reading: outbound queue full for {timeout:g}s")
 
     def send_nowait(self, data: bytes) -> bool:
         if self.closed:

@@ -48,7 +48,8 @@ class Journal:
         self.interval = interval
         self.max_backlog = max_backlog
         self._sessions: dict[str, SessionRow] = {}
-        self._entries: list[JournalEntry] = []
+        #: (session, seq, data, live, time): plain tuples on the hot path, rows in the thread
+        self._entries: list[tuple[str, int, bytes, bool, float]] = []
         self._deleted: list[str] = []
         self._pending_added: dict[str, tuple[str, str, str, str]] = {}
         self._pending_removed: list[str] = []
@@ -71,12 +72,13 @@ class Journal:
                 logger.error("journal_backlog_full", session=session)
             self.gaps.add(session)
             return
-        self._entries.append(JournalEntry(session, seq, data, live, time.time()))
-        self._wake.set()
+        self._entries.append((session, seq, data, live, time.time()))
+        if not self._wake.is_set():
+            self._wake.set()
 
     def delete(self, bridge_id: str) -> None:
         self._sessions.pop(bridge_id, None)
-        self._entries = [e for e in self._entries if e.session != bridge_id]
+        self._entries = [e for e in self._entries if e[0] != bridge_id]
         self._deleted.append(bridge_id)
         self._wake.set()
 
@@ -152,7 +154,7 @@ class Journal:
             await trio.to_thread.run_sync(
                 lambda: self.store.write(
                     sessions=sessions,
-                    journal=entries,
+                    journal=[JournalEntry(*e) for e in entries],
                     deleted=deleted,
                     pending_added=added,
                     pending_removed=removed,

@@ -822,7 +822,8 @@ async def test_pongs_keep_a_connection_alive_until_the_idle_timeout(autojump_clo
 
 
 async def test_a_client_that_stops_reading_is_cut_off_and_its_link_closed(autojump_clock):
-    """Overflow closes the bridge's link at once; the stuck socket is dropped at ping_timeout."""
+    """Overflow that lasts closes the bridge's link (after OVERFLOW_WAIT: 1 s); the stuck
+    socket is dropped at ping_timeout."""
     agent = FakeAgent("a")
     settings = {"ping_interval": 0, "ping_timeout": 7}
     async with open_face({"a": agent}, bridge={"client_queue": 8}, **settings) as (

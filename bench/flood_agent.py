@@ -1,0 +1,201 @@
+"""
+A minimal ACP v1 agent that floods: stdlib only, synchronous, no SDK.
+
+- ``initialize`` → protocol 1, no optional capabilities;
+- ``session/new`` → ``{PREFIX}s{n}`` (``--prefix`` lets several agents use distinct ids, or
+  the same ids on purpose to make the bridge rewrite them);
+- ``session/prompt`` whose text is ``flood N`` → N ``agent_message_chunk`` updates, then
+  ``end_turn`` (any other text: no update);
+- ``session/set_mode`` → ``{}`` at once; ``session/cancel`` ends the session's turn.
+
+Turns of several sessions run at the same time: each pass writes one batch of every active
+turn (round robin) in one big write, and reads whatever input arrived in between, so a
+``set_mode`` is answered between two batches, never after a whole turn.
+
+Run as a script (``python bench/flood_agent.py``) or a module (``python -m bench.flood_agent``);
+it imports nothing from the project, so it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import sys
+from collections import deque
+
+CHUNK_TEXT = "x" * 20
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _line(msg: object) -> bytes:
+    return (_dumps(msg) + "\n").encode()
+
+
+def _result(req_id: object, value: object) -> bytes:
+    return _line({"jsonrpc": "2.0", "id": req_id, "result": value})
+
+
+def _error(req_id: object, code: int, message: str) -> bytes:
+    return _line({"jsonrpc": "2.0", "id": req_id, "error": {"code": code, "message": message}})
+
+
+def chunk_line(session_id: str, text: str = CHUNK_TEXT) -> bytes:
+    """One ``agent_message_chunk`` update, as the agent writes it (newline included)."""
+    return _line(
+        {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {
+                "sessionId": session_id,
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": text},
+                },
+            },
+        }
+    )
+
+
+class Turn:
+    """A prompt turn under way: ``remaining`` updates still to write."""
+
+    __slots__ = ("line", "remaining", "req_id", "session_id")
+
+    def __init__(self, session_id: str, req_id: object, remaining: int) -> None:
+        self.session_id = session_id
+        self.req_id = req_id
+        self.remaining = remaining
+        self.line = chunk_line(session_id)
+
+
+def _flood_count(params: dict[str, object]) -> int:
+    prompt = params.get("prompt")
+    text = ""
+    if isinstance(prompt, list):
+        text = " ".join(str(block.get("text", "")) for block in prompt if isinstance(block, dict))
+    words = text.split()
+    if len(words) == 2 and words[0] == "flood" and words[1].isdigit():
+        return int(words[1])
+    return 0
+
+
+class FloodAgent:
+    def __init__(self, *, prefix: str, batch: int) -> None:
+        self.prefix = prefix
+        self.batch = batch
+        self.sessions: set[str] = set()
+        self.count = 0
+        self.turns: deque[Turn] = deque()
+        self.out: list[bytes] = []
+
+    def handle(self, msg: dict[str, object]) -> None:
+        method = msg.get("method")
+        req_id = msg.get("id")
+        raw = msg.get("params")
+        params: dict[str, object] = raw if isinstance(raw, dict) else {}
+        if method is None:
+            return  # a response (the bridge never asks this agent anything)
+        out = self.out
+        if method == "initialize":
+            out.append(
+                _result(
+                    req_id,
+                    {
+                        "protocolVersion": 1,
+                        "agentCapabilities": {"loadSession": False},
+                        "authMethods": [],
+                        "agentInfo": {"name": "flood-agent", "version": "1"},
+                    },
+                )
+            )
+        elif method == "session/new":
+            self.count += 1
+            sid = f"{self.prefix}s{self.count}"
+            self.sessions.add(sid)
+            modes = {
+                "currentModeId": "a",
+                "availableModes": [{"id": "a", "name": "A"}, {"id": "b", "name": "B"}],
+            }
+            out.append(_result(req_id, {"sessionId": sid, "modes": modes}))
+        elif method == "session/set_mode":
+            out.append(_result(req_id, {}))
+        elif method == "session/prompt":
+            sid = params.get("sessionId")
+            if sid not in self.sessions:
+                out.append(_error(req_id, -32002, f"unknown session {sid!r}"))
+                return
+            n = _flood_count(params)
+            if n > 0:
+                self.turns.append(Turn(str(sid), req_id, n))
+            else:
+                out.append(_result(req_id, {"stopReason": "end_turn"}))
+        elif method == "session/cancel":
+            for turn in self.turns:
+                if turn.session_id == params.get("sessionId"):
+                    turn.remaining = -1
+        elif req_id is not None:
+            out.append(_error(req_id, -32601, f"Method not found: {method}"))
+
+    def step(self) -> None:
+        """One round robin pass: a batch of every active turn; finished turns answered."""
+        out = self.out
+        for _ in range(len(self.turns)):
+            turn = self.turns.popleft()
+            if turn.remaining < 0:
+                out.append(_result(turn.req_id, {"stopReason": "cancelled"}))
+                continue
+            k = min(turn.remaining, self.batch)
+            out.append(turn.line * k)
+            turn.remaining -= k
+            if turn.remaining:
+                self.turns.append(turn)
+            else:
+                out.append(_result(turn.req_id, {"stopReason": "end_turn"}))
+
+    def flush(self) -> None:
+        if self.out:
+            _write_all(b"".join(self.out))
+            self.out.clear()
+
+
+def _write_all(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--prefix", default="", help="prefix of the session ids")
+    parser.add_argument("--batch", type=int, default=256, help="updates per write per turn")
+    args = parser.parse_args(argv)
+    agent = FloodAgent(prefix=args.prefix, batch=max(1, args.batch))
+    pending = b""
+    while True:
+        if agent.turns:
+            readable, _, _ = select.select([0], [], [], 0)
+            if not readable:
+                agent.step()
+                agent.flush()
+                continue
+        data = os.read(0, 1 << 16)
+        if not data:
+            break
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                agent.handle(msg)
+        agent.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

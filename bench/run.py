@@ -1,0 +1,963 @@
+"""
+The benchmark: the bridge against a direct client-agent pipe, side by side in one run.
+
+    python -m bench.run [--quick] [--json PATH]      (or ./scripts/bench)
+
+Scenarios (full size; ``--quick`` in brackets):
+
+- throughput: one session streams N = 200,000 [20,000] ``agent_message_chunk`` updates
+  through: a direct pipe; ``acp-bridge stdio`` (defaults; with 50 policy rules and the
+  journal on, then off; with its session id rewritten); ``acp-bridge serve`` over WebSocket
+  (defaults, and with a client_queue large enough for a whole run). Updates/s, best of
+  3 [1] runs interleaved across the variants (one run for the last two), ratio to direct;
+- round trip: 2,000 [300] sequential ``session/set_mode``: p50/p99, direct vs bridge (stdio
+  and WebSocket), and the latency the bridge adds;
+- scale: 50 agents x 10 sessions [5 x 4], 500 updates each, flooding at once through one
+  stdio bridge: the aggregate rate, when each session finished, and the round trip of a
+  probe session (on an idle agent of its own) measured back to back during the flood;
+- memory: bridge RSS with 0 then 1,000 [100] idle sessions (bytes per session), then after
+  each of 3 floods of 20,000 [10,000] in one session (flat or not); the RSS of the stdio
+  throughput bridge after each of its runs, too.
+
+The table goes to stdout, the JSON (with the machine) to ``--json`` (bench-results.json).
+A run that fails is reported as such; the benchmark exits 0 unless it cannot run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.client import pipe_client, prompt_params, websocket_client
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from bench.client import Client
+
+FLOOD_AGENT = Path(__file__).with_name("flood_agent.py")
+TOKEN = "bench-token-not-a-secret"
+
+#: "Journal on" is the default ([store] journal = true: every relayed update is recorded in
+#: the SQLite store, in batches, off the event loop); "off" turns that journal off.
+JOURNAL_ON_DEFAULT = ""
+JOURNAL_OFF_DEFAULT = "[store]\njournal = false\n"
+JOURNAL_NOTE = (
+    "journal on = the defaults ([store] journal = true: updates recorded in the SQLite "
+    "store); journal off = [store] journal = false (the in-memory history for session/load "
+    "stays). Other settings: --journal-on-config / --journal-off-config."
+)
+
+
+@dataclass
+class Settings:
+    quick: bool
+    n: int
+    reps: int
+    round_trips: int
+    scale_agents: int
+    scale_sessions: int
+    scale_chunks: int
+    idle_sessions: int
+    flat_runs: int
+    flat_n: int
+    policy_rules: int
+    journal_on_config: str
+    journal_off_config: str
+    timeout: float
+    json_path: Path
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def agent_argv(prefix: str = "", batch: int | None = None) -> list[str]:
+    argv = [sys.executable, str(FLOOD_AGENT), "--prefix", prefix]
+    if batch is not None:
+        argv += ["--batch", str(batch)]
+    return argv
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string for our inputs
+
+
+def config_text(
+    agents: dict[str, str],
+    *,
+    extra: str = "",
+    websocket: bool = False,
+    policy_rules: int = 0,
+    batch: int | None = None,
+) -> str:
+    """A bridge config: one flood agent per ``name → session id prefix``, then ``extra``."""
+    parts = []
+    for name, prefix in agents.items():
+        argv = agent_argv(prefix, batch)
+        parts.append(
+            f"[agents.{name}]\ncommand = {_toml_str(argv[0])}\n"
+            f"args = [{', '.join(_toml_str(a) for a in argv[1:])}]\n"
+        )
+    if websocket:
+        parts.append(
+            f'[websocket]\nhost = "127.0.0.1"\nport = 0\ntoken = {_toml_str(TOKEN)}\n'
+            "ping_interval = 0.0\n"
+        )
+    if policy_rules:
+        # Rules that never match the flood (it asks no permission) but are loaded and parsed.
+        parts.append('[policy]\ndefault = "ask"\n')
+        for i in range(policy_rules):
+            action = ("deny", "ask", "allow")[i % 3]
+            parts.append(
+                f'[[policy.rules]]\nid = "bench-{i}"\nkind = "edit"\n'
+                f'path = "/nonexistent/bench-{i}/**"\naction = "{action}"\n'
+            )
+    parts.append(extra)
+    return "\n".join(parts)
+
+
+def read_rss(pid: int) -> int:
+    """Resident set size of a process, in bytes (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Target:
+    """Something a client talks to: the flood agent itself, or a bridge in front of agents."""
+
+    def __init__(self, scratch: Path, key: str, *, kind: str, config: str = "") -> None:
+        self.key = key
+        self.kind = kind  # "direct" | "stdio" | "ws"
+        self.dir = scratch / key
+        self.dir.mkdir(parents=True)
+        self.log_path = self.dir / "stderr.log"
+        self.config_path = self.dir / "bridge.toml"
+        self.config_path.write_text(config)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client: Client | None = None
+        self._sock: Any = None
+        self.error: str | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def spawn(self) -> None:
+        env = dict(os.environ)
+        env["XDG_STATE_HOME"] = str(self.dir / "state")
+        if self.kind == "direct":
+            argv = agent_argv()
+        else:
+            sub = "stdio" if self.kind == "stdio" else "serve"
+            argv = [sys.executable, "-m", "acp_bridge", sub, "--config", str(self.config_path)]
+            if self.kind == "ws":
+                argv += ["--port", "0"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE if self.kind != "ws" else subprocess.DEVNULL,
+                stderr=log,
+                env=env,
+                cwd=self.dir,
+                start_new_session=True,
+            )
+
+    def connect(self, deadline: float) -> Client:
+        """Initialize (after the WebSocket handshake for ``ws``)."""
+        assert self.proc is not None
+        if self.kind == "ws":
+            url = self._wait_url(deadline)
+            self.client, self._sock = websocket_client(url, TOKEN, deadline)
+        else:
+            self.client = pipe_client(self.proc)
+        self.client.initialize(deadline)
+        return self.client
+
+    def _wait_url(self, deadline: float) -> str:
+        marker = "listening on "
+        while time.monotonic() < deadline:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if marker in line:
+                    return line.split(marker, 1)[1].split()[0]
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.tail()}")
+            time.sleep(0.02)
+        raise RuntimeError("serve did not print its URL in time")
+
+    def tail(self, n: int = 5) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return " | ".join(lines[-n:])
+
+    def rss(self) -> int | None:
+        return None if self.kind == "direct" else read_rss(self.pid)
+
+    def close(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if self._sock is not None:
+                self._sock.close()
+            if proc.stdin is not None:
+                proc.stdin.close()
+            if self.kind == "ws":
+                proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@contextlib.contextmanager
+def targets(*items: Target) -> Iterator[None]:
+    try:
+        for t in items:
+            t.spawn()
+        yield
+    finally:
+        for t in items:
+            t.close()
+
+
+def _failure(exc: BaseException, target: Target | None = None) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if target is not None and target.kind != "direct":
+        tail = target.tail(3)
+        if tail:
+            text += f" [bridge log: {tail[-400:]}]"
+    return text
+
+
+# --- statistics ------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of ``values`` (q in [0, 1])."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 1))))
+    return ordered[rank - 1]
+
+
+def latency_summary(seconds: list[float]) -> dict[str, float]:
+    us = [s * 1e6 for s in seconds]
+    return {
+        "count": len(us),
+        "p50_us": percentile(us, 0.50),
+        "p99_us": percentile(us, 0.99),
+        "max_us": max(us),
+        "mean_us": sum(us) / len(us),
+    }
+
+
+# --- scenarios -------------------------------------------------------------------------
+
+#: key → (label, runs taken: "main" variants get --reps runs, the others one).
+THROUGHPUT_VARIANTS = {
+    "direct": ("direct pipe", "main"),
+    "stdio": ("bridge stdio", "main"),
+    "ws": ("bridge serve, WebSocket", "main"),
+    "ws_queue": ("serve, WebSocket, client_queue 2^20", "other"),
+    "stdio_policy_journal_on": ("stdio, policy rules, journal on", "main"),
+    "stdio_policy_journal_off": ("stdio, policy rules, journal off", "main"),
+    "stdio_rewrite": ("stdio, sessionId rewritten", "other"),
+}
+ROUND_TRIP_VARIANTS = ("direct", "stdio", "ws")
+SCALE_BATCH = 16
+#: A WebSocket client is dropped when 1024 messages wait for it (default client_queue);
+#: a full-speed flood outruns the WebSocket writer, so the second WebSocket variant gives it
+#: room for a whole run, to measure the transport rather than the overflow rule.
+WS_BIG_QUEUE = "[bridge]\nclient_queue = 1048576\n"
+
+
+def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
+    policy = {"policy_rules": s.policy_rules}
+    one = {"flood": ""}
+    return {
+        "direct": Target(scratch, "direct", kind="direct"),
+        "stdio": Target(scratch, "stdio", kind="stdio", config=config_text(one)),
+        "ws": Target(scratch, "ws", kind="ws", config=config_text(one, websocket=True)),
+        "ws_queue": Target(
+            scratch,
+            "ws_queue",
+            kind="ws",
+            config=config_text(one, websocket=True, extra=WS_BIG_QUEUE),
+        ),
+        "stdio_policy_journal_on": Target(
+            scratch,
+            "stdio_policy_journal_on",
+            kind="stdio",
+            config=config_text(one, extra=s.journal_on_config, **policy),
+        ),
+        "stdio_policy_journal_off": Target(
+            scratch,
+            "stdio_policy_journal_off",
+            kind="stdio",
+            config=config_text(one, extra=s.journal_off_config, **policy),
+        ),
+        # Two agents with the same session ids: the second session's id is rewritten.
+        "stdio_rewrite": Target(
+            scratch, "stdio_rewrite", kind="stdio", config=config_text({"a": "", "b": ""})
+        ),
+    }
+
+
+def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """
+    Every variant alive at once. Round trips first (before any flood), then the throughput
+    runs, interleaved across the variants so that a busy moment of the machine does not
+    land on one variant only.
+    """
+    made = _make_targets(s, scratch)
+    runs: dict[str, list[float]] = {k: [] for k in made}
+    errors: dict[str, str] = {}
+    sessions: dict[str, str] = {}
+    latencies: dict[str, list[float]] = {}
+    rt_errors: dict[str, str] = {}
+    rss_after: list[int] = []
+    cwd = str(scratch)
+    with targets(*made.values()):
+        for key, t in made.items():
+            try:
+                deadline = time.monotonic() + 60
+                client = t.connect(deadline)
+                sid = client.new_session(cwd, deadline)
+                if key == "stdio_rewrite":
+                    sid = client.new_session(cwd, deadline, agent="b")
+                    if "~" not in sid:
+                        raise RuntimeError(f"expected a rewritten session id, got {sid!r}")
+                sessions[key] = sid
+            except Exception as exc:
+                errors[key] = _failure(exc, t)
+        for key in ROUND_TRIP_VARIANTS:
+            t = made[key]
+            if key in errors:
+                rt_errors[key] = errors[key]
+                continue
+            try:
+                assert t.client is not None
+                deadline = time.monotonic() + s.timeout
+                warm = min(200, s.round_trips // 4)
+                t.client.set_mode_latencies(sessions[key], warm, deadline)
+                latencies[key] = t.client.set_mode_latencies(sessions[key], s.round_trips, deadline)
+            except Exception as exc:
+                rt_errors[key] = _failure(exc, t)
+        warmup = min(s.n, 500)  # below the default client_queue: a warm-up never overflows
+        for key, t in made.items():
+            if key in errors:
+                continue
+            try:
+                assert t.client is not None
+                count, _ = t.client.flood(sessions[key], warmup, time.monotonic() + s.timeout)
+                if count != warmup:
+                    raise RuntimeError(f"warm-up: {count} updates, expected {warmup}")
+            except Exception as exc:
+                errors[key] = _failure(exc, t)
+        for rep in range(s.reps):
+            for key, t in made.items():
+                if key in errors or (rep > 0 and THROUGHPUT_VARIANTS[key][1] != "main"):
+                    continue
+                try:
+                    assert t.client is not None
+                    count, elapsed = t.client.flood(
+                        sessions[key], s.n, time.monotonic() + s.timeout
+                    )
+                    if count != s.n:
+                        raise RuntimeError(f"{count} updates, expected {s.n}")
+                    runs[key].append(s.n / elapsed)
+                    if key == "stdio":
+                        rss_after.append(read_rss(t.pid))
+                except Exception as exc:
+                    errors[key] = _failure(exc, t)
+
+    direct_best = max(runs["direct"]) if runs["direct"] else None
+    variants: dict[str, Any] = {}
+    for key, (label, _) in THROUGHPUT_VARIANTS.items():
+        best = max(runs[key]) if runs[key] else None
+        variants[key] = {
+            "label": label,
+            "updates_per_s": best,
+            "runs": runs[key],
+            "ratio_to_direct": best / direct_best if best and direct_best else None,
+            "error": errors.get(key),
+        }
+    on = variants["stdio_policy_journal_on"]["updates_per_s"]
+    off = variants["stdio_policy_journal_off"]["updates_per_s"]
+    throughput = {
+        "n": s.n,
+        "reps": s.reps,
+        "reps_note": "best of --reps runs, except one run for the rewrite variant and the "
+        "WebSocket one with a raised client_queue",
+        "variants": variants,
+        "journal_cost": (off - on) / off if on and off else None,
+        "policy_rules": s.policy_rules,
+        "journal_note": JOURNAL_NOTE,
+        "stdio_rss_after_runs_bytes": rss_after,
+    }
+    rt: dict[str, Any] = {}
+    for key in ROUND_TRIP_VARIANTS:
+        label = THROUGHPUT_VARIANTS[key][0]
+        if key in latencies:
+            rt[key] = {"label": label, **latency_summary(latencies[key])}
+        else:
+            rt[key] = {"label": label, "error": rt_errors.get(key)}
+    base = rt["direct"]
+    for key in ("stdio", "ws"):
+        if "p50_us" in rt[key] and "p50_us" in base:
+            rt[key]["added_p50_us"] = rt[key]["p50_us"] - base["p50_us"]
+            rt[key]["added_p99_us"] = rt[key]["p99_us"] - base["p99_us"]
+    return throughput, {"count": s.round_trips, "variants": rt}
+
+
+def scale(s: Settings, scratch: Path) -> dict[str, Any]:
+    """Many agents x sessions flooding through one stdio bridge; a probe's round trips."""
+    agents = {f"a{i}": f"a{i}-" for i in range(s.scale_agents)}
+    agents["probe"] = "p-"
+    # Small batches: each agent interleaves its sessions finely, so when a session gets its
+    # first update says something about the bridge, not about the agent's round robin.
+    t = Target(scratch, "scale", kind="stdio", config=config_text(agents, batch=SCALE_BATCH))
+    total_sessions = s.scale_agents * s.scale_sessions
+    out: dict[str, Any] = {
+        "agents": s.scale_agents,
+        "sessions_per_agent": s.scale_sessions,
+        "sessions": total_sessions,
+        "chunks_per_session": s.scale_chunks,
+        "probe": "set_mode round trips, back to back, on a session of its own idle agent",
+    }
+    cwd = str(scratch)
+    with targets(t):
+        try:
+            deadline = time.monotonic() + 120
+            client = t.connect(deadline)
+            # Sessions: every session/new sent at once (agents start on their first one).
+            want = {}
+            for name in agents:
+                if name == "probe":
+                    continue
+                for _ in range(s.scale_sessions):
+                    params = {
+                        "cwd": cwd,
+                        "mcpServers": [],
+                        "_meta": {"acp_bridge": {"agent": name}},
+                    }
+                    want[client.request("session/new", params, deadline)] = name
+            sids: list[str] = []
+            while want:
+                msg = client.next_message(deadline)
+                if msg.get("id") in want and "method" not in msg:
+                    if "error" in msg:
+                        raise RuntimeError(f"session/new failed: {msg['error']}")
+                    del want[msg["id"]]
+                    sids.append(msg["result"]["sessionId"])
+            probe = client.new_session(cwd, deadline, agent="probe")
+            client.set_mode_latencies(probe, 50, deadline)  # warm the probe's path
+            out["setup_s"] = time.monotonic() - (deadline - 120)
+
+            deadline = time.monotonic() + s.timeout
+            probe_params = {"sessionId": probe, "modeId": "b"}
+            start = time.perf_counter()
+            prompts = {
+                client.request("session/prompt", prompt_params(sid, s.scale_chunks), deadline): sid
+                for sid in sids
+            }
+            counts = dict.fromkeys(sids, 0)
+            first: dict[str, float] = {}
+            finish: dict[str, float] = {}
+            probe_latencies: list[float] = []
+            probe_id = client.request("session/set_mode", probe_params, deadline)
+            probe_sent = time.perf_counter()
+            while prompts:
+                msg = client.next_message(deadline)
+                if msg.get("method") == "session/update":
+                    sid = msg["params"]["sessionId"]
+                    if sid in counts:
+                        counts[sid] += 1
+                        if sid not in first:
+                            first[sid] = time.perf_counter() - start
+                    continue
+                mid = msg.get("id")
+                if mid == probe_id:
+                    now = time.perf_counter()
+                    probe_latencies.append(now - probe_sent)
+                    probe_id = client.request("session/set_mode", probe_params, deadline)
+                    probe_sent = time.perf_counter()
+                elif mid in prompts:
+                    sid = prompts.pop(mid)
+                    if "error" in msg:
+                        raise RuntimeError(f"prompt of {sid} failed: {msg['error']}")
+                    finish[sid] = time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            client.wait_response(probe_id, deadline)
+            total = sum(counts.values())
+            short = [sid for sid, c in counts.items() if c != s.scale_chunks]
+            if short:
+                raise RuntimeError(f"{len(short)} sessions got the wrong number of updates")
+            done = sorted(finish.values())
+            out.update(
+                {
+                    "updates": total,
+                    "elapsed_s": elapsed,
+                    "aggregate_updates_per_s": total / elapsed,
+                    "probe": {"label": out["probe"], **latency_summary(probe_latencies)},
+                    "first_update_max_s": max(first.values()),
+                    "finish_min_s": done[0],
+                    "finish_median_s": done[len(done) // 2],
+                    "finish_max_s": done[-1],
+                    "starved_sessions": sum(1 for sid in sids if sid not in finish),
+                    "bridge_rss_bytes": t.rss(),
+                }
+            )
+        except Exception as exc:
+            out["error"] = _failure(exc, t)
+    return out
+
+
+def memory(s: Settings, scratch: Path) -> dict[str, Any]:
+    """Bridge RSS: 0 sessions, then idle sessions; then after each of repeated floods."""
+    t = Target(scratch, "memory", kind="stdio", config=config_text({"flood": ""}))
+    out: dict[str, Any] = {
+        "idle_sessions": s.idle_sessions,
+        "flat_runs": s.flat_runs,
+        "n": s.flat_n,
+    }
+    cwd = str(scratch)
+    with targets(t):
+        try:
+            deadline = time.monotonic() + 120
+            client = t.connect(deadline)
+            time.sleep(0.2)
+            rss0 = t.rss()
+            assert rss0 is not None
+            made = 0
+            while made < s.idle_sessions:
+                batch = min(100, s.idle_sessions - made)
+                ids = [
+                    client.request("session/new", {"cwd": cwd, "mcpServers": []}, deadline)
+                    for _ in range(batch)
+                ]
+                for req_id in ids:
+                    client.wait_response(req_id, deadline)
+                made += batch
+            time.sleep(0.2)
+            rss1 = t.rss()
+            assert rss1 is not None
+            out.update(
+                {
+                    "rss_0_sessions_bytes": rss0,
+                    "rss_idle_sessions_bytes": rss1,
+                    "per_session_bytes": (rss1 - rss0) / s.idle_sessions,
+                }
+            )
+            sid = client.new_session(cwd, deadline)
+            after: list[int] = []
+            for _ in range(s.flat_runs):
+                count, _ = client.flood(sid, s.flat_n, time.monotonic() + s.timeout)
+                if count != s.flat_n:
+                    raise RuntimeError(f"{count} updates, expected {s.flat_n}")
+                rss = t.rss()
+                assert rss is not None
+                after.append(rss)
+            out["rss_after_runs_bytes"] = after
+            out["growth_first_to_last_bytes"] = after[-1] - after[0]
+            out["history_note"] = (
+                "the runs share one session: its in-memory history keeps the latest updates "
+                "(history_limit), so it is full after the first run; with the journal on, the "
+                "RSS also holds the journal's uncommitted backlog while SQLite catches up"
+            )
+        except Exception as exc:
+            out["error"] = _failure(exc, t)
+    return out
+
+
+# --- targets (from the issue) ----------------------------------------------------------
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    th = results["throughput"]["variants"]
+    rt = results["round_trip"]["variants"]
+    sc = results["scale"]
+    mem = results["memory"]
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, value: Any, met: Callable[[Any], bool], shown: str) -> None:
+        rows.append(
+            {
+                "target": name,
+                "value": value,
+                "shown": shown if value is not None else "n/a",
+                "met": met(value) if value is not None else None,
+            }
+        )
+
+    r = th["stdio"]["ratio_to_direct"]
+    add("stdio throughput >= 0.8x direct", r, lambda v: v >= 0.8, f"{r or 0:.2f}x")
+    ws = "ws" if th["ws"]["ratio_to_direct"] is not None else "ws_queue"
+    r = th[ws]["ratio_to_direct"]
+    name = "WebSocket throughput >= 0.5x direct"
+    if ws == "ws_queue":
+        name += " (client_queue raised)"
+    add(name, r, lambda v: v >= 0.5, f"{r or 0:.2f}x")
+    ok = th["ws"]["error"] is None and th["ws"]["updates_per_s"] is not None
+    add(
+        "WebSocket client kept through a full-speed flood (defaults)",
+        ok,
+        lambda v: bool(v),
+        "kept" if ok else "dropped",
+    )
+    c = results["throughput"]["journal_cost"]
+    add("journal on costs <= 10%", c, lambda v: v <= 0.10, f"{(c or 0) * 100:.1f}%")
+    a = rt["stdio"].get("added_p50_us")
+    add("added round-trip p50 <= 100 us (stdio)", a, lambda v: v <= 100, f"{a or 0:.0f} us")
+    a = rt["stdio"].get("added_p99_us")
+    add("added round-trip p99 <= 500 us (stdio)", a, lambda v: v <= 500, f"{a or 0:.0f} us")
+    p = sc.get("probe", {}).get("p99_us") if isinstance(sc.get("probe"), dict) else None
+    add("scale: probe p99 < 20 ms", p, lambda v: v < 20_000, f"{(p or 0) / 1000:.1f} ms")
+    st = sc.get("starved_sessions")
+    add("scale: no session starved", st, lambda v: v == 0, f"{st} starved")
+    b = mem.get("per_session_bytes")
+    add("<= 20 KiB per idle session", b, lambda v: v <= 20 * 1024, f"{(b or 0) / 1024:.1f} KiB")
+    g = mem.get("growth_first_to_last_bytes")
+    first = (mem.get("rss_after_runs_bytes") or [1])[0]
+    add(
+        "bridge RSS flat across repeated runs (< 5% growth)",
+        g,
+        lambda v: v <= 0.05 * first,
+        f"{(g or 0) / 2**20:+.1f} MiB",
+    )
+    return rows
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+def _num(v: float | None, fmt: str = "{:,.0f}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def _failed(error: str | None) -> str:
+    """A failure as the table shows it: short (the JSON has all of it)."""
+    text = (error or "unknown error").split(" [bridge log:")[0]
+    for own in ("ConnectionEnded: ", "Timeout: "):  # the client's own, self-explanatory
+        text = text.removeprefix(own)
+    return "FAILED: " + (text if len(text) <= 130 else text[:127] + "...")
+
+
+def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [("scenario", "variant", "metric", "value", "vs direct")]
+    th = results["throughput"]
+    for v in th["variants"].values():
+        value = _num(v["updates_per_s"]) if not v["error"] else _failed(v["error"])
+        ratio = _num(v["ratio_to_direct"], "{:.2f}x")
+        rows.append((f"throughput N={th['n']:,}", v["label"], "updates/s", value, ratio))
+    rows.append(("throughput", "journal on vs off", "cost", _num(th["journal_cost"], "{:.1%}"), ""))
+    rt = results["round_trip"]
+    for v in rt["variants"].values():
+        name = f"round trip x{rt['count']:,}"
+        if v.get("error") or "p50_us" not in v:
+            rows.append((name, v["label"], "set_mode", _failed(v.get("error")), ""))
+            continue
+        added50 = v.get("added_p50_us")
+        added99 = v.get("added_p99_us")
+        rows.append(
+            (
+                name,
+                v["label"],
+                "p50 us",
+                _num(v["p50_us"], "{:.0f}"),
+                "" if added50 is None else f"+{added50:.0f} us",
+            )
+        )
+        rows.append(
+            (
+                name,
+                v["label"],
+                "p99 us",
+                _num(v["p99_us"], "{:.0f}"),
+                "" if added99 is None else f"+{added99:.0f} us",
+            )
+        )
+    sc = results["scale"]
+    name = f"scale {sc['agents']}x{sc['sessions_per_agent']} sessions"
+    if sc.get("error"):
+        rows.append((name, "bridge stdio", "", _failed(sc["error"]), ""))
+    else:
+        rows.append(
+            (name, "bridge stdio", "aggregate updates/s", _num(sc["aggregate_updates_per_s"]), "")
+        )
+        rows.append(
+            (
+                name,
+                "probe set_mode",
+                "p50 / p99 ms",
+                f"{sc['probe']['p50_us'] / 1000:.2f} / {sc['probe']['p99_us'] / 1000:.2f}",
+                f"{sc['probe']['count']} probes",
+            )
+        )
+        rows.append(
+            (
+                name,
+                "sessions",
+                "finish min/med/max s",
+                f"{sc['finish_min_s']:.2f} / {sc['finish_median_s']:.2f} / "
+                f"{sc['finish_max_s']:.2f}",
+                f"{sc['starved_sessions']} starved",
+            )
+        )
+        rows.append(
+            (name, "sessions", "first update, last s", f"{sc['first_update_max_s']:.2f}", "")
+        )
+    rss = th.get("stdio_rss_after_runs_bytes") or []
+    if len(rss) > 1:
+        rows.append(
+            (
+                "memory",
+                f"stdio after {len(rss)} runs of {th['n']:,}",
+                "RSS MiB",
+                " / ".join(f"{b / 2**20:.1f}" for b in rss),
+                "",
+            )
+        )
+    mem = results["memory"]
+    name = "memory"
+    if "per_session_bytes" in mem:
+        rows.append(
+            (
+                name,
+                "bridge stdio",
+                "RSS, 0 sessions MiB",
+                f"{mem['rss_0_sessions_bytes'] / 2**20:.1f}",
+                "",
+            )
+        )
+        rows.append(
+            (
+                name,
+                f"{mem['idle_sessions']:,} idle sessions",
+                "bytes/session",
+                _num(mem["per_session_bytes"]),
+                "",
+            )
+        )
+    if "rss_after_runs_bytes" in mem:
+        rows.append(
+            (
+                name,
+                f"after {mem['flat_runs']} floods of {mem['n']:,}",
+                "RSS MiB",
+                " / ".join(f"{b / 2**20:.1f}" for b in mem["rss_after_runs_bytes"]),
+                "",
+            )
+        )
+    if mem.get("error"):
+        rows.append((name, "bridge stdio", "", _failed(mem["error"]), ""))
+    return rows
+
+
+def render_table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows if not r[i].startswith("FAILED")) for i in range(5)]
+    lines = []
+    for i, row in enumerate(rows):
+        cells = [
+            row[0].ljust(widths[0]),
+            row[1].ljust(widths[1]),
+            row[2].ljust(widths[2]),
+            row[3].rjust(widths[3]) if not row[3].startswith("FAILED") else row[3],
+            row[4].rjust(widths[4]),
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_targets(rows: list[dict[str, Any]]) -> str:
+    width = max(len(r["target"]) for r in rows)
+    out = []
+    for r in rows:
+        status = {True: "met", False: "NOT MET", None: "not measured"}[r["met"]]
+        out.append(f"{r['target'].ljust(width)}  {r['shown']:>12}  {status}")
+    return "\n".join(out)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "load_average_at_start": os.getloadavg(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem = Path("/proc/meminfo").read_text().splitlines()[0]
+        info["memory_bytes"] = int(mem.split()[1]) * 1024
+    with contextlib.suppress(ImportError):
+        from acp_bridge import __version__
+
+        info["acp_bridge"] = __version__
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        rev = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        if rev.returncode == 0:
+            info["git"] = rev.stdout.strip()
+    return info
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> Settings:
+    p = argparse.ArgumentParser(
+        prog="bench", description="acp-bridge benchmark: the bridge vs a direct pipe"
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes, one run each (seconds)")
+    p.add_argument("--json", default="bench-results.json", metavar="PATH", help="JSON output")
+    p.add_argument("--n", type=int, help="updates per throughput run (200000; quick 20000)")
+    p.add_argument("--reps", type=int, help="throughput runs per variant, best kept (3; quick 1)")
+    p.add_argument("--round-trips", type=int, help="sequential set_mode (2000; quick 300)")
+    p.add_argument("--agents", type=int, help="scale: agents (50; quick 5)")
+    p.add_argument("--sessions", type=int, help="scale: sessions per agent (10; quick 4)")
+    p.add_argument("--scale-chunks", type=int, help="scale: updates per session (500)")
+    p.add_argument("--idle-sessions", type=int, help="memory: idle sessions (1000; quick 100)")
+    p.add_argument(
+        "--flat-n", type=int, help="memory: updates per repeated run (20000; quick 10000)"
+    )
+    p.add_argument("--policy-rules", type=int, default=50, help="rules loaded (50)")
+    p.add_argument(
+        "--journal-on-config",
+        default=JOURNAL_ON_DEFAULT,
+        metavar="TOML",
+        help="config text appended for 'journal on' (default: none, the journal is on)",
+    )
+    p.add_argument(
+        "--journal-off-config",
+        default=JOURNAL_OFF_DEFAULT,
+        metavar="TOML",
+        help="config text appended for 'journal off' (default: [store] journal = false)",
+    )
+    p.add_argument("--timeout", type=float, help="seconds allowed per run (120; quick 30)")
+    a = p.parse_args(argv)
+    q = a.quick
+
+    def pick(value: int | float | None, full: int | float, quick: int | float) -> Any:
+        return value if value is not None else (quick if q else full)
+
+    return Settings(
+        quick=q,
+        n=pick(a.n, 200_000, 20_000),
+        reps=pick(a.reps, 3, 1),
+        round_trips=pick(a.round_trips, 2000, 300),
+        scale_agents=pick(a.agents, 50, 5),
+        scale_sessions=pick(a.sessions, 10, 4),
+        scale_chunks=pick(a.scale_chunks, 500, 500),
+        idle_sessions=pick(a.idle_sessions, 1000, 100),
+        flat_runs=3,
+        # At least history_limit (10,000 by default): the session's history is full after
+        # the first run, so any later growth is a leak, not the history filling up.
+        flat_n=pick(a.flat_n, 20_000, 10_000),
+        policy_rules=a.policy_rules,
+        journal_on_config=a.journal_on_config,
+        journal_off_config=a.journal_off_config,
+        timeout=pick(a.timeout, 120.0, 30.0),
+        json_path=Path(a.json),
+    )
+
+
+def run(s: Settings) -> dict[str, Any]:
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "machine": machine_info(),
+        "quick": s.quick,
+        "settings": {k: v for k, v in vars(s).items() if k != "json_path"},
+    }
+    with tempfile.TemporaryDirectory(prefix="acp-bridge-bench-") as tmp:
+        scratch = Path(tmp)
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("throughput", lambda: throughput_and_round_trip(s, scratch)),
+            ("scale", lambda: scale(s, scratch)),
+            ("memory", lambda: memory(s, scratch)),
+        ]
+        for name, step in steps:
+            t0 = time.monotonic()
+            print(f"bench: {name}...", file=sys.stderr, flush=True)
+            try:
+                value = step()
+            except Exception as exc:  # a bug in the benchmark itself: report, go on
+                traceback.print_exc()
+                value = {"error": _failure(exc)}
+            if name == "throughput":
+                if isinstance(value, tuple):
+                    results["throughput"], results["round_trip"] = value
+                else:
+                    results["throughput"] = results["round_trip"] = value
+            else:
+                results[name] = value
+            print(f"bench: {name} done in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    results["elapsed_s"] = time.monotonic() - started
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = parse_args(argv)
+    results = run(s)
+    text = ""
+    try:
+        results["targets"] = evaluate(results)
+        text = render_table(table_rows(results))
+        text += "\n\nTargets (issue 7):\n" + render_targets(results["targets"])
+    except Exception as exc:  # a scenario failed so badly its section is missing
+        traceback.print_exc()
+        results.setdefault("errors", []).append(_failure(exc))
+    m = results["machine"]
+    print(
+        f"acp-bridge benchmark{' (quick)' if s.quick else ''}: {m['cpu_count']} CPUs, "
+        f"{m.get('cpu_model', m['machine'])}, Python {m['python']}, {m['platform']}"
+    )
+    print(text)
+    print(f"\n{JOURNAL_NOTE}")
+    print(f"total {results['elapsed_s']:.1f}s; JSON: {s.json_path}")
+    s.json_path.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

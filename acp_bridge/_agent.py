@@ -180,6 +180,33 @@ class Reaper:
         await self._write(b"-%d\n" % pgid)
 
 
+#: after an agent exited by itself, how long its readers may take to reach the end of what it
+#: wrote before the pipes are closed regardless
+EXIT_DRAIN_WAIT = 0.25
+
+
+class _Watched(trio.abc.ReceiveStream):
+    """An agent's pipe whose reader's end of data is known (``ended``: EOF, broken, closed)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self.ended = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        try:
+            data = await self._stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.ended.set()
+            raise
+        if not data:
+            self.ended.set()
+        return data
+
+    async def aclose(self) -> None:
+        self.ended.set()
+        await self._stream.aclose()
+
+
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -223,11 +250,22 @@ def make_subprocess_launcher(
             await reaper.register(pid)
         assert proc.stdin is not None
         assert proc.stdout is not None
+        stdout = _Watched(proc.stdout)
+        stderr = _Watched(proc.stderr) if proc.stderr is not None else None
         try:
             task_status.started(
-                AgentTransport(send=proc.stdin, receive=proc.stdout, stderr=proc.stderr, pid=pid)
+                AgentTransport(send=proc.stdin, receive=stdout, stderr=stderr, pid=pid)
             )
-            return await proc.wait()
+            status = await proc.wait()
+            # It exited by itself: what it wrote last (an answer, a traceback) is still in
+            # the pipes. Its group goes now (a grandchild holding a pipe would keep the end
+            # of data away), then the readers get a moment to take the rest.
+            _signal_group(pid, signal.SIGKILL)
+            with trio.move_on_after(EXIT_DRAIN_WAIT):
+                await stdout.ended.wait()
+                if stderr is not None:
+                    await stderr.ended.wait()
+            return status
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_process(proc, stop_grace)

@@ -149,6 +149,9 @@ REPLY_SEND_TIMEOUT: Final = 30.0
 #: bytes joined into one write by a writer task
 WRITE_BATCH_BYTES: Final = 64 * 1024
 READ_CHUNK: Final = 64 * 1024
+#: an agent's reader lets other tasks run after this many lines of one read: a flooding agent
+#: adds at most that much work to each step of another session's round trip
+READER_TURN_LINES: Final = 32
 
 #: Methods an agent may call on the client, and the client capability each needs.
 _CLIENT_METHOD_GATES: Final[dict[str, Callable[[JsonObject], bool]]] = {
@@ -704,13 +707,14 @@ class Bridge:
         for entry in list(session.parked):
             await self._answer_unattended(entry, "grace")
         session.parked.clear()
+        ours = self.sessions.owns_agent_id(session)  # (not if its id went to a new session)
         self.sessions.remove(session)
         self._forget(session)
         self.log.info("session_closed_after_grace", session=session.bridge_id, agent=agent.name)
         await self.agent_log(
             agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
         )
-        if agent.state is AgentState.READY:
+        if agent.state is AgentState.READY and ours:
             if _has_session_cap(agent.capabilities, "close"):
                 self._spawn(self._close_quietly, agent, session.agent_id)
             else:
@@ -783,7 +787,11 @@ class Bridge:
     async def _present_parked(self, session: Session, client: ClientLink) -> None:
         """Show the new owner the agent requests that were waiting on the old one."""
         parked, session.parked = session.parked, []
-        session.pending_permissions.clear()
+        # Ids an earlier owner was shown are stale; what this client is still asked stays
+        # pending (a resume on the same connection), so session/cancel still settles it.
+        session.pending_permissions = {
+            i for i in session.pending_permissions if client.pending.get(i) is not None
+        }
         for entry in parked:
             if isinstance(entry.extra, Ask):
                 await self.approvals.show(entry, client)
@@ -937,7 +945,7 @@ class Bridge:
             await self._auth_request(client, msg, params)
         elif method == "_acp_bridge/set_log_level":
             level = params.get("level")
-            if level not in _LEVEL_RANK:
+            if not isinstance(level, str) or level not in _LEVEL_RANK:
                 raise JsonRpcError.invalid_params(f"level: expected one of {', '.join(LOG_LEVELS)}")
             client.log_level = level
             await client.send(dumps(result_msg(msg["id"], {})))
@@ -1088,6 +1096,9 @@ class Bridge:
         if session.state is SessionState.STORED:
             await self._stored_request(client, msg, params, session, agent)
             return
+        if session.state is SessionState.ENDED and not self.sessions.owns_agent_id(session):
+            await self._reused_request(client, msg, session)
+            return
         live = session.state is SessionState.ACTIVE and agent.state is AgentState.READY
         if live and method in ("session/load", "session/resume"):
             await self._reattach(client, msg, params, session)
@@ -1189,6 +1200,19 @@ class Bridge:
                 "session/load it first"
             )
 
+    async def _reused_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
+        """An ended session whose agent id went to a new session: it can only be closed."""
+        if msg["method"] in ("session/close", "session/delete"):
+            self.deadlines.cancel(("detach", session))
+            self.sessions.remove(session)
+            self._forget(session, delete=msg["method"] == "session/delete")
+            await client.send(dumps(result_msg(msg["id"], {})))
+            return
+        raise JsonRpcError.resource_not_found(
+            f"session {session.bridge_id!r} ended: agent {session.agent!r} restarted and gave "
+            "its id to a new session"
+        )
+
     async def _restore_session(
         self,
         client: ClientLink,
@@ -1207,7 +1231,9 @@ class Bridge:
         reason = f"agent {agent.name!r} does not support session/load"
         try:
             await self.ensure_ready(agent)
-            if agent.capabilities.get("loadSession"):
+            if not self.sessions.owns_agent_id(session):
+                reason = f"agent {agent.name!r} gave its id to a new session"
+            elif agent.capabilities.get("loadSession"):
                 self._strip_unsupported_setup(agent, params)
                 query = {**params, "sessionId": session.agent_id}
                 query.pop("_meta", None)
@@ -1421,9 +1447,24 @@ class Bridge:
         session.roots = _roots_of(params)
         session.unattended = _bridge_meta(params).get("unattended") is True
         if agent.state is AgentState.READY:
-            await self._forward_session_request(client, msg, params, session, agent)
+            try:
+                await self._forward_session_request(client, msg, params, session, agent)
+            except JsonRpcError:
+                self.sessions.remove(session)  # it never went out: nothing to keep
+                raise
         else:
-            self._spawn(self._session_request_when_ready, client, msg, params, session)
+            self._spawn(self._load_unknown_when_ready, client, msg, params, session)
+
+    async def _load_unknown_when_ready(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        agent = self.agents[session.agent]
+        try:
+            await self.ensure_ready(agent)
+            await self._forward_session_request(client, msg, params, session, agent)
+        except JsonRpcError as exc:
+            self.sessions.remove(session)
+            await self._reply_error(client, msg["id"], exc)
 
     async def _forward(
         self,
@@ -1441,6 +1482,7 @@ class Bridge:
         if not agent.send_nowait(dumps(msg)):
             agent.pending.pop(bridge_id)
             self._undo_forward(agent, entry, ok=False)
+            msg["id"] = origin_id  # the error goes back under the client's own id
             raise JsonRpcError(
                 INTERNAL_ERROR,
                 f"agent {agent.name!r} is not accepting input (queue full or not running)",
@@ -1551,7 +1593,7 @@ class Bridge:
             await self._cancel_session(client, msg, params)
         elif method == "$/cancel_request":
             request_id = params.get("requestId")
-            target = client.inflight.get(request_id)
+            target = client.inflight.get(request_id) if _is_id(request_id) else None
             if target is not None:
                 agent, bridge_id = target
                 agent.send_nowait(
@@ -1586,6 +1628,7 @@ class Bridge:
 
     async def _client_response(self, client: ClientLink, msg: JsonObject) -> None:
         client_id = msg["id"]
+        _well_formed_error(msg)
         entry = client.pending.pop(client_id)
         if entry is None:
             # Late (already settled by the bridge) or unknown: nothing is waiting on it.
@@ -1890,8 +1933,12 @@ class Bridge:
         handle = self._agent_line
         try:
             while data := await stream.receive_some(READ_CHUNK):
-                for line in decoder.feed(data):
+                for n, line in enumerate(decoder.feed(data), 1):
                     await handle(agent, line)
+                    if not n % READER_TURN_LINES:
+                        # One read can hold hundreds of lines: let the others in between
+                        # (no line of the chunk is dropped on cancellation).
+                        await trio.lowlevel.cancel_shielded_checkpoint()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -1957,7 +2004,8 @@ class Bridge:
             if self.journal is not None:
                 self.journal.entry(session.bridge_id, seq, data)
         update = params.get("update")
-        if type(update) is dict and update.get("sessionUpdate") in _SETUP_UPDATES:
+        kind = update.get("sessionUpdate") if type(update) is dict else None
+        if type(update) is dict and type(kind) is str and kind in _SETUP_UPDATES:
             _track_setup(session, update)
         client = session.client
         if client is None:
@@ -1972,7 +2020,8 @@ class Bridge:
         params = params_of(msg)
         if method == "$/cancel_request":
             # The agent withdrew a request it made of a client: translate the id.
-            shown = agent.inflight.get(params.get("requestId"))
+            request_id = params.get("requestId")
+            shown = agent.inflight.get(request_id) if _is_id(request_id) else None
             if shown is not None:
                 client, client_id = shown
                 await client.send(
@@ -2004,6 +2053,12 @@ class Bridge:
         method: str = msg["method"]
         params = params_of(msg)
         agent_id = msg["id"]
+        if agent_id in agent.inflight:
+            # One request per id: a second would hide the first from the bookkeeping, and
+            # its answer could then reach the agent's next process after a restart.
+            duplicate = JsonRpcError.invalid_request(f"request id {agent_id!r} is in flight")
+            agent.send_nowait(dumps(error_msg(agent_id, duplicate)))
+            return
         sid = params.get("sessionId")
         session = self.sessions.find(agent.name, sid) if isinstance(sid, str) else None
         gate = _CLIENT_METHOD_GATES.get(method)
@@ -2137,6 +2192,7 @@ class Bridge:
         ok = "result" in msg
         early = self._undo_forward(agent, entry, ok=ok, result=msg.get("result"))
         msg["id"] = entry.origin_id
+        _well_formed_error(msg)
         session = entry.session
         if (
             client.closed
@@ -2173,6 +2229,11 @@ class Bridge:
             if method == "session/new":
                 agent.new_in_flight = max(0, agent.new_in_flight - 1)
             if ok and isinstance(result, dict) and isinstance(result.get("sessionId"), str):
+                stale = self.sessions.find(agent.name, result["sessionId"])
+                if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
+                    # A restarted agent minted the id a session of its earlier life had: the
+                    # new session is another one (its own bridge id, history and journal).
+                    self.sessions.release_agent_id(stale)
                 new = self.sessions.register(agent.name, result["sessionId"], client=client)
                 new.client = client
                 new.state = SessionState.ACTIVE
@@ -2195,9 +2256,10 @@ class Bridge:
                 session.client = client
                 _capture_setup(session, result)
                 self.persist(session)
-            elif isinstance(entry.context, tuple):
+            elif isinstance(entry.context, tuple) and entry.context[0] is not SessionState.LOADING:
                 session.state, session.client = entry.context
             else:
+                # A load of an id the bridge did not know: nothing to go back to.
                 self.sessions.remove(session)
         elif method == "session/resume" and session is not None:
             if ok:
@@ -2309,6 +2371,23 @@ def _set_seq(params: JsonObject, seq: int) -> None:
     params["_meta"] = meta
 
 
+def _well_formed_error(msg: JsonObject) -> None:
+    """A peer's error that is not one (an integer code and a message) is relayed as -32603."""
+    err = msg.get("error")
+    if "error" not in msg or (
+        type(err) is dict and type(err.get("code")) is int and type(err.get("message")) is str
+    ):
+        return
+    msg["error"] = JsonRpcError(
+        INTERNAL_ERROR, "Internal error: the peer answered with a malformed error", {"error": err}
+    ).to_error()
+
+
+def _is_id(value: object) -> bool:
+    """A string or an integer: usable as a key (a peer's JSON may put a list anywhere)."""
+    return type(value) in (int, str)
+
+
 def _id_of(msg: Any) -> JsonRpcId:
     if isinstance(msg, dict):
         value = msg.get("id")
@@ -2327,7 +2406,8 @@ def _check_prompt_content(agent: AgentLink, params: JsonObject) -> None:
     needs = {"image": "image", "audio": "audio", "resource": "embeddedContext"}
     for block in prompt:
         if isinstance(block, dict):
-            need = needs.get(block.get("type"))  # type: ignore[arg-type]
+            kind = block.get("type")
+            need = needs.get(kind) if isinstance(kind, str) else None
             if need is not None and not caps.get(need):
                 raise JsonRpcError.invalid_params(
                     f"agent {agent.name!r} does not accept {block.get('type')} content"

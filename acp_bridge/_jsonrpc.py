@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from typing import Any, Final, TypeAlias
 
 #: A decoded JSON object (a JSON-RPC message, params or result).
@@ -27,7 +28,24 @@ RESOURCE_NOT_FOUND: Final = -32002
 #: The bridge's own "server error" range code for an agent that is down or failed.
 AGENT_UNAVAILABLE: Final = -32003
 
-_decoder = json.JSONDecoder()
+#: JSON texts nested deeper than this are refused (serde_json's limit): deeper ones would hit
+#: Python's recursion limit when the bridge encodes them again
+MAX_DEPTH: Final = 128
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
+
+
+# NaN, Infinity and numbers beyond a double are refused: they could not be encoded again.
+_decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
@@ -110,14 +128,36 @@ def loads(line: bytes | str) -> Any:
     try:
         if isinstance(line, bytes):
             line = line.decode("utf-8")
-        return _decoder.decode(line)
+        value = _decoder.decode(line)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise JsonRpcError.parse_error(type(exc).__name__) from None
+    if line.count("[") + line.count("{") > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+        raise JsonRpcError.parse_error(f"nested deeper than {MAX_DEPTH}")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether a decoded JSON value nests arrays and objects more than ``limit`` deep."""
+    level = [value] if type(value) in (dict, list) else []
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if type(node) is dict else node)
+            if type(child) in (dict, list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def dumps(msg: Any) -> bytes:
-    """Encode one message as a compact JSON line, newline included."""
-    return (_encoder.encode(msg) + "\n").encode("utf-8")
+    """
+    Encode one message as a compact JSON line, newline included.
+
+    A lone surrogate (JSON ``"\\ud800"`` decodes to one) is written back as the same escape.
+    """
+    return (_encoder.encode(msg) + "\n").encode("utf-8", "backslashreplace")
 
 
 def classify(msg: Any) -> Kind:

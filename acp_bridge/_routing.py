@@ -212,6 +212,20 @@ class SessionTable:
         self._by_agent.setdefault(agent, {})[agent_id] = session
         return session
 
+    def owns_agent_id(self, session: Session) -> bool:
+        """Whether ``session`` is still the one its agent session id leads to."""
+        return self.find(session.agent, session.agent_id) is session
+
+    def release_agent_id(self, session: Session) -> None:
+        """
+        The agent gave ``session``'s id to another session (it restarted and counts from 1
+        again): messages with that id are no longer this session's. It keeps its bridge id,
+        so a new session with the same agent id gets a bridge id of its own.
+        """
+        sessions = self._by_agent.get(session.agent)
+        if sessions is not None and sessions.get(session.agent_id) is session:
+            del sessions[session.agent_id]
+
     def remove(self, session: Session) -> None:
         if self._by_bridge.get(session.bridge_id) is session:
             del self._by_bridge[session.bridge_id]

@@ -8,16 +8,38 @@ the trio adapters that batch writes and run them off the event loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar
 
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _serialized(
+    method: Callable[Concatenate[Store, _P], _R],
+) -> Callable[Concatenate[Store, _P], _R]:
+    """
+    One call at a time on the connection: the journal and the audit trail write from
+    different worker threads, and SQLite allows one transaction per connection.
+    """
+
+    @functools.wraps(method)
+    def call(store: Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with store._lock:
+            return method(store, *args, **kwargs)
+
+    return call
+
 
 #: The schema, one migration per version; ``PRAGMA user_version`` says which ran.
 MIGRATIONS: Final[Sequence[str]] = (
@@ -151,10 +173,13 @@ class Store:
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self._conn = conn
         self.path = path
+        self._lock = threading.RLock()
 
+    @_serialized
     def close(self) -> None:
         self._conn.close()
 
+    @_serialized
     def append_audit(self, records: Iterable[AuditRecord]) -> None:
         """Append records in one transaction."""
         with self._conn:
@@ -165,6 +190,7 @@ class Store:
 
     # -- sessions and journal
 
+    @_serialized
     def write(
         self,
         *,
@@ -214,6 +240,7 @@ class Store:
                 "DELETE FROM pending_approvals WHERE key = ?", [(k,) for k in pending_removed]
             )
 
+    @_serialized
     def sessions(self) -> list[SessionRow]:
         rows = self._conn.execute(
             "SELECT bridge_id, agent, agent_id, roots, setup, unattended, state, created, "
@@ -234,6 +261,7 @@ class Store:
             for r in rows
         ]
 
+    @_serialized
     def journal(
         self, session: str, *, after_seq: int = 0, live_only: bool = False, limit: int = 10**9
     ) -> list[JournalEntry]:
@@ -243,6 +271,7 @@ class Store:
         rows = self._conn.execute(query + " ORDER BY seq LIMIT ?", (session, after_seq, limit))
         return [JournalEntry(session, r[0], bytes(r[3]), bool(r[1]), r[2]) for r in rows]
 
+    @_serialized
     def journal_bounds(self, session: str) -> tuple[int, int]:
         """(first, last) sequence numbers kept for a session; (0, 0) when none."""
         first, last = self._conn.execute(
@@ -250,6 +279,7 @@ class Store:
         ).fetchone()
         return (first or 0, last or 0)
 
+    @_serialized
     def trim_journal(self, *, keep_entries: int, max_age: float | None = None) -> int:
         """Retention: per session keep the newest ``keep_entries``, none older than ``max_age``."""
         with self._conn as conn:
@@ -265,6 +295,7 @@ class Store:
                 ).rowcount
         return int(removed)
 
+    @_serialized
     def pending_approvals(self) -> list[tuple[str, str, str, str]]:
         """(key, session, agent, params JSON) of approvals that were waiting at the last stop."""
         return [
@@ -276,6 +307,7 @@ class Store:
 
     # -- audit
 
+    @_serialized
     def audit(self, *, after_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         """Audit records with an id above ``after_id``, oldest first."""
         cursor = self._conn.execute(

@@ -124,15 +124,19 @@ def format_record(record: _Record, redactor: Redactor | None) -> bytes:
         msg: Any
         try:
             msg = json.loads(text)
-        except ValueError:
+            if redactor is not None:
+                msg = redactor.redact_json(msg)
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to walk
             msg = {"raw": text}
-        if redactor is not None:
-            msg = redactor.redact_json(msg)
         out = {"t": round(record.t, 6), "link": record.link, "dir": record.direction, "msg": msg}
     try:
         data = _dump_line(out, redactor, ascii_only=False)
     except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): keep it escaped
         data = _dump_line(out, redactor, ascii_only=True)
+    except RecursionError:  # nested deeper than the encoder goes: kept as text
+        assert isinstance(record, _Message)  # a count of dropped records is flat
+        raw = record.data.decode("utf-8", "replace").rstrip("\r\n")
+        data = _dump_line({**out, "msg": {"raw": raw}}, redactor, ascii_only=True)
     return data + b"\n"
 
 
@@ -317,7 +321,7 @@ class WireTrace:
             return
         for record in batch:
             if isinstance(record, _Message) and _SETUP_KEY in record.data:
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):
                     msg = json.loads(record.data)
                     params = msg.get("params") if isinstance(msg, dict) else None
                     if isinstance(params, dict):

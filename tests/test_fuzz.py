@@ -24,6 +24,7 @@ import functools
 import inspect
 import io
 import json
+import sys
 import threading
 from typing import Any, Final
 
@@ -36,6 +37,7 @@ from hypothesis import strategies as st
 
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._jsonrpc import JsonRpcError, classify, dumps, loads
+from acp_bridge._log import configure_logging
 from acp_bridge._redact import Redactor
 from acp_bridge._store import AuditRecord, JournalEntry, open_store
 from acp_bridge._trace import WireTrace, _Message, format_record
@@ -103,6 +105,8 @@ def fuzz(name: str, test: Any) -> None:
     else:
         profile = settings.get_profile("acp-bridge-fuzz-long")
     configured = settings(profile)(test)
+    # Thousands of examples: debug logs (the suite's default) would cost more than they tell.
+    configure_logging(level="warning", fmt="json", stream=sys.stderr)
     if "host" in inspect.signature(test).parameters:
         run_for_share(name, lambda: hosted(configured))
     else:

@@ -1824,7 +1824,15 @@ class Bridge:
             assert isinstance(client, ClientLink)
             client.done(entry.origin_id)
             self._undo_forward(agent, entry, ok=False)
-            await client.send(dumps(error_msg(entry.origin_id, err)))
+            answer = dumps(error_msg(entry.origin_id, err))
+            session = entry.session
+            if client.closed and session is not None and session.client is None:
+                # Its connection is gone: held for whoever takes the session back.
+                if len(session.held_responses) < HELD_RESPONSES_MAX:
+                    held = (self._history(session).last_seq, entry.origin_id, answer)
+                    session.held_responses.append(held)
+                continue
+            await client.send(answer)
         for agent_id, (client, client_id) in list(agent.inflight.items()):
             shown = client.pending.get(client_id)
             if shown is not None and isinstance(shown.extra, Ask):
@@ -2256,6 +2264,7 @@ class Bridge:
                 session.client = client
                 _capture_setup(session, result)
                 self.persist(session)
+                early = self._take_held(session, float("inf"))  # answered while away
             elif isinstance(entry.context, tuple) and entry.context[0] is not SessionState.LOADING:
                 session.state, session.client = entry.context
             else:
@@ -2268,6 +2277,7 @@ class Bridge:
                 self._history(session)
                 _capture_setup(session, result)
                 self.persist(session)
+                early = self._take_held(session, float("inf"))  # answered while away
             elif session.state is SessionState.LOADING:
                 self.sessions.remove(session)
         elif method == "session/set_config_option" and session is not None and ok:

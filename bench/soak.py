@@ -31,7 +31,8 @@ Exit status: 0 when every check holds, 1 when one does not (FDs grew by more tha
 updates were lost or repeated, the daemon logged a traceback or died, and — for runs of at
 least ``--judge-rss-after`` minutes — the RSS slope is over ``--max-rss-slope``), 2 when it
 could not run. Answers the bridge had sent to a connection as it dropped are lost with it
-(counted as ``dropped_answers``, not a failure: the transport lost them, not the bridge).
+(counted as ``in_flight_at_drop``, not a failure: the client is told which answers it still
+gets, ``_meta.acp_bridge.pending`` of its load; the rest went down with the socket).
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class Pending:
     sent_at: float
     done: trio.Event = field(default_factory=trio.Event)
     response: dict[str, Any] | None = None
+    #: the connection was gone when it was to be sent
+    unsent: bool = False
 
 
 class Dropped(Exception):
@@ -175,6 +178,9 @@ class SoakClient:
         self._nursery: trio.Nursery | None = None
         #: set when this client's traffic is over (its connection stays open)
         self.quiet = trio.Event()
+        #: set when the traffic starts; it ends at ``until`` (monotonic seconds)
+        self.go = trio.Event()
+        self.until = 0.0
 
     # -- the connection
 
@@ -272,8 +278,10 @@ class SoakClient:
         self.pending[req_id] = entry
         msg = {"jsonrpc": "2.0", "id": req_id, "method": method, "params": params}
         try:
-            with contextlib.suppress(trio_websocket.ConnectionClosed):
+            try:
                 await ws.send_message(json.dumps(msg))
+            except trio_websocket.ConnectionClosed:
+                entry.unsent = True
             await entry.done.wait()
         finally:
             del self.pending[req_id]
@@ -306,8 +314,8 @@ class SoakClient:
                 continue
             self.totals.counts["loads"] += 1
             owed.update(reply["result"]["_meta"]["acp_bridge"]["pending"])
-        # Requests of the old connection the bridge will not answer here: their answers were
-        # in flight when it dropped (or the requests were).
+        # Requests of the old connection the bridge will not answer here: they or their
+        # answers were in flight when it dropped (or it was gone before they were sent).
         for req_id, entry in list(self.pending.items()):
             if (
                 req_id not in owed
@@ -315,7 +323,7 @@ class SoakClient:
                 and not entry.done.is_set()
                 and entry.sent_at < self._connected_at
             ):
-                self.totals.counts["dropped_answers"] += 1
+                self.totals.counts["unsent_at_drop" if entry.unsent else "in_flight_at_drop"] += 1
                 entry.done.set()
         self.ready.set()
 
@@ -402,8 +410,9 @@ class SoakClient:
         stop = result.get("stopReason") if isinstance(result, dict) else None
         self.totals.counts[f"{what}_{stop}" if stop else what] += 1
 
-    async def run(self, sessions: int, until: float, *, task_status: trio.TaskStatus[None]) -> None:
-        """Connect, open this client's sessions, report started; traffic and drops until then."""
+    async def run(self, sessions: int, *, task_status: trio.TaskStatus[None]) -> None:
+        """Connect, open this client's sessions, report started; at ``go``, traffic and drops
+        until ``until``."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._connected_at = time.monotonic()
@@ -415,6 +424,8 @@ class SoakClient:
                 ]
                 placed.append((await self.new_session(agent), agent))
             task_status.started()
+            await self.go.wait()
+            until = self.until
             async with trio.open_nursery() as traffic:
                 for sid, agent in placed:
                     traffic.start_soon(self.session_worker, sid, agent, until)
@@ -454,39 +465,58 @@ def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
     return cov / var * 60
 
 
-async def verify_replays(port: int, clients: list[SoakClient], work: str) -> dict[str, int]:
-    """Load every open session in full on a fresh connection: the updates its client saw
-    must be exactly those the bridge recorded (within what it still keeps)."""
+async def verify_replays(
+    port: int, clients: list[SoakClient], work: str, last: int
+) -> dict[str, int]:
+    """
+    Load every open session on a fresh connection, its last ``last`` update numbers
+    (``after_seq``): the updates its client saw there must be exactly those the bridge
+    recorded (no loss, no repeat).
+    """
     checker = SoakClient(99, port, [], random.Random(0), Totals(), argparse.Namespace(work=work))
-    result = {"sessions_checked": 0, "missing": 0, "unexpected": 0, "trimmed": 0, "errors": 0}
+    result = {
+        "sessions_open": sum(len(c.sessions) for c in clients),
+        "sessions_checked": 0,
+        "updates_compared": 0,
+        "missing": 0,
+        "unexpected": 0,
+        "trimmed": 0,
+        "errors": 0,
+    }
     async with trio.open_nursery() as nursery:
         checker._nursery = nursery
         checker._connected_at = time.monotonic()
         await checker.connect()
         for client in clients:
             for sid in client.sessions:
+                after = max(0, client.last_seq[sid] - last)
                 updates: list[dict[str, Any]] = []
                 checker.on_update = updates.append
-                reply = await checker.request(
-                    "session/load", {"sessionId": sid, "cwd": work, "mcpServers": []}
-                )
-                updates = [u for u in updates if u["params"]["sessionId"] == sid]
+                params = {
+                    "sessionId": sid,
+                    "cwd": work,
+                    "mcpServers": [],
+                    "_meta": {"acp_bridge": {"after_seq": after}},
+                }
+                reply = await checker.request("session/load", params)
                 if "error" in reply:
                     result["errors"] += 1
                     continue
-                seqs = [u["params"]["_meta"]["acp_bridge"]["seq"] for u in updates]
+                ours = reply["result"]["_meta"]["acp_bridge"]
                 recorded = {
-                    s
-                    for s, u in zip(seqs, updates, strict=True)
-                    if u["params"]["update"].get("sessionUpdate") != "user_message_chunk"
+                    u["params"]["_meta"]["acp_bridge"]["seq"]
+                    for u in updates
+                    if u["params"]["sessionId"] == sid
                 }
-                window = min(seqs, default=reply["result"]["_meta"]["acp_bridge"]["lastSeq"] + 1)
-                seen = {s for s in client.seen[sid] if s >= window}
+                # (a catch-up replays what the live stream carried: the client's own prompts
+                # are not in it; when older updates were trimmed, compare what is left)
+                start = after + 1 if ours["complete"] else min(recorded, default=after + 1)
+                seen = {s for s in client.seen[sid] if s >= start}
                 result["sessions_checked"] += 1
+                result["updates_compared"] += len(recorded)
                 result["missing"] += len(recorded - seen)
                 result["unexpected"] += len(seen - recorded)
-                if not reply["result"]["_meta"]["acp_bridge"]["complete"]:
-                    result["trimmed"] += 1
+                result["trimmed"] += not ours["complete"]
         nursery.cancel_scope.cancel()
     return result
 
@@ -508,6 +538,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fd-slack", type=int, default=5)
     parser.add_argument("--max-rss-slope", type=float, default=17.0, help="KiB/min (~1 MiB/h)")
     parser.add_argument("--judge-rss-after", type=float, default=20.0, help="minutes")
+    parser.add_argument(
+        "--check-last", type=int, default=200, help="update numbers per session checked at the end"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=Path("soak-results.json"))
     args = parser.parse_args(argv)
@@ -528,7 +561,6 @@ async def soak(
     totals = Totals()
     agents = [f"a{i}" for i in range(args.agents)]
     started = time.monotonic()
-    until = started + args.duration
     samples: list[dict[str, Any]] = []
     clients = [
         SoakClient(i, port, agents, random.Random(rng.random()), totals, args)
@@ -569,8 +601,12 @@ async def soak(
 
     async with trio.open_nursery() as nursery:
         for client, n in zip(clients, share, strict=True):
-            await nursery.start(client.run, n, until)
+            await nursery.start(client.run, n)
         first = await sample()  # every client connected, every session open
+        until = time.monotonic() + args.duration
+        for client in clients:
+            client.until = until
+            client.go.set()
         nursery.start_soon(sampler)
         for client in clients:
             await client.quiet.wait()
@@ -581,7 +617,7 @@ async def soak(
                     await entry.done.wait()
         unanswered = sum(1 for c in clients for p in c.pending.values() if not p.done.is_set())
         last = await sample()  # the state of the first sample: every client connected
-        replay = await verify_replays(port, clients, args.work)
+        replay = await verify_replays(port, clients, args.work, args.check_last)
         nursery.cancel_scope.cancel()
     max_age = max((s["oldest_pending_s"] for s in samples), default=0.0)
     judged = [(s["t"], s["rss_kib"]) for s in samples if s["t"] >= args.warmup]
@@ -732,8 +768,9 @@ def print_report(report: dict[str, Any]) -> None:
         + " (after warm-up)",
         f"  FDs: {report['fds_start']} -> {report['fds_end']}",
         f"  oldest pending request: {report['max_pending_age_s']:.2f} s; never answered: "
-        f"{report['unanswered']}; answers lost with a dropped connection: "
-        f"{counts.get('dropped_answers', 0)}",
+        f"{report['unanswered']}; lost with a dropped connection: "
+        f"{counts.get('in_flight_at_drop', 0)} in flight, {counts.get('unsent_at_drop', 0)} "
+        "sent after it",
         f"  updates repeated/out of order: {report['seq_repeats']}; replay check: "
         f"{report['replay_check']}",
         f"  daemon log: {report['log']}",

@@ -1,10 +1,11 @@
 """
-Shared pieces of the fuzz and ordering tests (issue 8): the oracles, a robust fuzz agent, a raw
-client, the rig that wires them to a bridge, and the hypothesis strategies.
+Shared pieces of the fuzz and ordering tests (issue 8): the oracles, a robust fuzz agent, raw
+clients (stream and WebSocket), stages and rigs that wire them to a bridge, the generators
+that build programs from bytes, the budgets of CI and long runs, and the atheris entry.
 
-Everything here runs inside one ``trio.run`` per hypothesis example (the tests are plain
-functions: that keeps an example cheap and lets ``scripts/fuzz`` drive the same tests longer,
-or hand them to atheris through ``fuzz_one_input``).
+The tests are plain functions that run trio themselves: hypothesis drives them in CI,
+``scripts/fuzz --minutes N`` drives the same tests longer, and ``scripts/fuzz --atheris`` feeds
+their case builders raw bytes.
 
 The oracles are written from JSON-RPC 2.0 and the bridge's documented rules, not from its code:
 
@@ -27,11 +28,13 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import hypothesis
+import hypothesis.errors
 import trio
 import trio.testing
 import wsproto
@@ -45,6 +48,7 @@ from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfi
 from acp_bridge._framing import LineDecoder
 from acp_bridge._journal import Journal
 from acp_bridge._jsonrpc import MAX_DEPTH
+from acp_bridge._log import configure_logging
 from acp_bridge._routing import SessionState
 from acp_bridge._store import open_store
 from acp_bridge._trace import open_wire_trace
@@ -82,23 +86,46 @@ def long_minutes() -> float | None:
     return minutes if minutes > 0 else None
 
 
+#: where a long run appends one line per test (what ran, how long): ``scripts/fuzz`` shows it
+REPORT_ENV: Final = "ACP_BRIDGE_FUZZ_REPORT"
+#: examples run, per test (counted by the tests themselves)
+EXAMPLES: collections.Counter[str] = collections.Counter()
+#: when the running test's share of a long run ends (monotonic clock)
+_share_ends = math.inf
+
+
+def out_of_time() -> bool:
+    """The test's share of a long run is used: its remaining examples do nothing."""
+    return time.monotonic() > _share_ends
+
+
 def run_for_share(name: str, test: Callable[[], None]) -> None:
     """
     Run a hypothesis test once (CI), or, in a long run, again and again until the test's share
     of the minutes is used: each call draws fresh random examples (the example database still
     replays known failures first).
     """
+    global _share_ends
     minutes = long_minutes()
-    if minutes is None:
-        test()
-        return
-    share = minutes * 60 * LONG_SHARES[name] / sum(LONG_SHARES.values())
     start = time.monotonic()
+    before = EXAMPLES[name]
     rounds = 0
-    while rounds == 0 or time.monotonic() - start < share:
-        test()
-        rounds += 1
-    print(f"\n[fuzz] {name}: {rounds} round(s) in {time.monotonic() - start:.0f}s")
+    share = 0.0 if minutes is None else minutes * 60 * LONG_SHARES[name] / sum(LONG_SHARES.values())
+    _share_ends = start + share if minutes is not None else math.inf
+    try:
+        while rounds == 0 or (minutes is not None and not out_of_time()):
+            test()
+            rounds += 1
+    finally:
+        _share_ends = math.inf
+    report = os.environ.get(REPORT_ENV)
+    if report:
+        elapsed = time.monotonic() - start
+        with open(report, "a", encoding="utf-8") as out:
+            out.write(
+                f"{name:14} {EXAMPLES[name] - before:>9} examples  {elapsed:7.1f} s  "
+                f"{rounds} round(s)\n"
+            )
 
 
 # -- oracles ------------------------------------------------------------------------------------
@@ -247,13 +274,19 @@ def record(who: str, data: bytes) -> None:
         TRANSCRIPT.append(f"{who} {data[:300]!r}")
 
 
-def noted(run: Callable[[], None]) -> None:
+def noted(name: str, run: Callable[[], None]) -> None:
     """Run an example; if it fails, attach what crossed the wire (hypothesis prints it)."""
+    if out_of_time():
+        return
+    EXAMPLES[name] += 1
     TRANSCRIPT.clear()
     try:
         run()
     except BaseException:
-        hypothesis.note("\n".join(TRANSCRIPT))
+        try:
+            hypothesis.note("\n".join(TRANSCRIPT))
+        except hypothesis.errors.InvalidArgument:  # not under hypothesis (atheris)
+            print("\n".join(TRANSCRIPT), file=sys.stderr)
         raise
 
 
@@ -291,9 +324,9 @@ class FuzzAgent:
     It answers the usual methods whatever their params look like. Prompt texts drive it:
     ``count N`` (N chunks ``<name>:<sid>:<i>``), ``permission`` (asks, waits, reports the
     outcome), ``wait`` (until session/cancel, session/close, ``$/cancel_request`` or
-    :meth:`release`), ``inject`` (writes the lines queued in :attr:`script`), ``crash`` (the
-    process dies). Every line it receives is checked with :func:`check_out`; what is wrong goes
-    to :attr:`violations` (an in-process agent's exception would only look like a crash).
+    :meth:`release`), ``crash`` (the process dies). Every line it receives is checked with
+    :func:`check_out`; what is wrong goes to :attr:`violations` (an in-process agent's
+    exception would only look like a crash).
     """
 
     def __init__(self, name: str, *, capabilities: dict[str, Any] | None = None) -> None:
@@ -309,7 +342,6 @@ class FuzzAgent:
         )
         self.lives: list[Life] = []
         self.violations: list[str] = []
-        self.script: list[bytes] = []
         self.counter = itertools.count(1)
 
     @property
@@ -478,10 +510,6 @@ class FuzzAgent:
             await self._update(life, sid, f"{self.name}:{sid}:waiting")
             await event.wait()
             return {"stopReason": "cancelled"}
-        elif command == "inject":
-            script, self.script = self.script, []
-            for line in script:
-                await self.write(line, life)
         elif command == "crash":
             await self._update(life, sid, f"{self.name}:{sid}:about-to-crash")
             raise AgentCrash(sid)
@@ -628,11 +656,14 @@ def answers(request: dict[str, Any], policy: str) -> list[bytes]:
 # a wire trace, when its key says so), running in its own nursery; whatever one of its tasks
 # raises is kept as the stage's failure. A *rig* is one client connection to a stage.
 #
-# Starting agents is most of what a fresh bridge costs, so a long run keeps stages across
-# hypothesis examples (:class:`Host`: hypothesis runs in a worker thread, each example is a
-# new connection to the stage of its key). A stage is replaced after ``RECYCLE`` examples or
-# when it failed; after any failure every later example gets a fresh one, so the example
-# hypothesis shrinks and reports runs alone.
+# Starting agents and connecting cost more than most programs, so a run keeps stages across
+# hypothesis examples (:class:`Host`: hypothesis runs in a worker thread, the trio loop keeps
+# a stage per key), and a connection across ``RECONNECT`` examples: each example initializes
+# again, reopens the sessions the last one broke, and ends with every wait ended, a liveness
+# prompt and nothing pending; every ``RECONNECT``-th one also disconnects and checks what the
+# bridge answered for the client. A stage is replaced after ``RECYCLE`` examples or when it
+# failed; after any failure every later example gets a fresh stage and runs whole (connect to
+# disconnect), so the example hypothesis shrinks and reports runs alone.
 
 #: examples a kept stage serves before it is replaced
 RECYCLE: Final = 250
@@ -1275,7 +1306,6 @@ PROMPTS: Final = (
     "permission",
     "permission",
     "wait",
-    "inject",
     "crash",
     "hello",
     "",
@@ -1582,7 +1612,7 @@ CLIENT_ACTIONS: Final = (
     ("session/prompt", "$a", "count 2"),
     ("session/prompt", "$a", "permission"),
     ("session/prompt", "$b", "wait"),
-    ("session/prompt", "$a", "inject"),
+    ("session/prompt", "$a", "count 5"),
     ("session/cancel", "$b", ""),
     ("session/prompt", "$b", "permission"),
     ("session/new", "b", ""),
@@ -1803,3 +1833,33 @@ def ws_settings(**overrides: Any) -> WebSocketConfig:
         **overrides,
     }
     return WebSocketConfig(**settings)
+
+
+# -- atheris -------------------------------------------------------------------------------------
+
+
+def atheris_main(argv: list[str]) -> None:
+    """
+    ``python -m tests.fuzz_targets TARGET [libFuzzer options]``: one fuzz target under atheris
+    (coverage-guided; ``scripts/fuzz --atheris TARGET``). The targets are the tests' own case
+    builders and checks fed with raw bytes, a fresh bridge per input. Optional: atheris is not
+    a dependency of the project.
+    """
+    import atheris
+
+    from tests import test_fuzz, test_ordering
+
+    targets = {**test_fuzz.byte_targets(), **test_ordering.byte_targets()}
+    if len(argv) < 2 or argv[1] not in targets:
+        print(f"usage: {argv[0]} TARGET [libFuzzer options]; targets: {', '.join(targets)}")
+        raise SystemExit(2)
+    configure_logging(level="error", fmt="json", stream=sys.stderr)
+    atheris.instrument_all()
+    atheris.Setup([argv[0], *argv[2:]], targets[argv[1]])
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    from tests.fuzz_targets import atheris_main as main  # the module, not a second copy
+
+    main(sys.argv)

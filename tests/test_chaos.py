@@ -38,7 +38,7 @@ from acp_bridge._bridge import AgentState, Bridge, serve_client_stream
 from acp_bridge._config import AgentConfig, BridgeConfig, Config
 from acp_bridge._routing import SessionState
 
-from .fakes import AgentCrash, FakeAgent, TestClient, open_bridge
+from .fakes import AgentCrash, FakeAgent, TestClient, connect, open_bridge
 from .test_e2e import agent_pids, alive, open_bridge_process, wait_gone
 
 if TYPE_CHECKING:
@@ -806,3 +806,66 @@ async def test_a_failed_load_of_an_unknown_session_leaves_no_session_behind():
             assert len(bridge.sessions) == 0, [s.bridge_id for s in bridge.sessions][:5]
             assert bridge.status()["sessions"] == []
             assert_nothing_pending(bridge)
+
+
+# -- regression: a restarted agent that mints the same session id again -----------------------
+
+
+async def test_a_restarted_agent_reusing_a_session_id_gets_a_new_session_not_the_old_one():
+    """An agent that counts its session ids from 1 again after a crash: the new session is
+    another one (its own bridge id, no old history); the old id cannot take it over, and can
+    still be closed. (It used to land on the ended session: a load of the new session
+    replayed the old conversation, and the old id's owner could resume it.)"""
+    with trio.fail_after(30):
+        async with open_bridge(
+            {"b": FakeAgent("b", prefix="b"), "v": FakeAgent("v")}, **RESTART_AT_ONCE
+        ) as (alice, bridge):
+            old = await alice.new_session("v")
+            assert "result" in await alice.prompt(old, "count 2")
+            assert "error" in await alice.prompt(old, "crash")
+            async with trio.open_nursery() as nursery:
+                bob = await connect(bridge, nursery, name="bob")
+                new = await bob.new_session("v")
+                assert new != old
+                assert bridge.sessions.get(new).agent_id == bridge.sessions.get(old).agent_id
+                load = await bob.request("session/load", {**NEW, "sessionId": new})
+                assert "result" in load
+                assert bob.updates(new) == []  # nothing of the old conversation
+                for method in ("session/resume", "session/load", "session/prompt"):
+                    params = {**NEW, "sessionId": old, "prompt": [{"type": "text", "text": "x"}]}
+                    refused = await alice.request(method, params)
+                    assert refused["error"]["code"] == -32002, (method, refused)
+                reply = await bob.prompt(new, "count 1")
+                assert reply["result"]["stopReason"] == "end_turn"
+                assert bob.updates(new) == ["v:s1:0"]
+                assert (await alice.request("session/close", {"sessionId": old}))["result"] == {}
+                assert bridge.sessions.get(old) is None
+                assert bridge.sessions.get(new).state is SessionState.ACTIVE
+                nursery.cancel_scope.cancel()
+
+
+async def test_after_a_restart_a_new_session_does_not_capture_a_stored_one(tmp_path):
+    """The bridge restarts with a stored session ``s1``; the fresh agent mints ``s1`` for a
+    new session: the new one gets its own id and journal, the stored one stays listed and
+    replays its own journal (its agent cannot continue it)."""
+    from .test_durable import durable_bridge, texts
+
+    path = tmp_path / "bridge.db"
+    with trio.fail_after(30):
+        async with durable_bridge(path, {"a": FakeAgent("a")}) as (client, _, _):
+            old = await client.new_session()
+            await client.prompt(old, "count 3")
+            while (await client.call("_acp_bridge/status", {}))["journal"]["backlog"]:
+                pass
+        async with durable_bridge(path, {"a": FakeAgent("a")}) as (client, bridge, _):
+            new = await client.new_session()
+            assert new != old
+            assert bridge.sessions.get(old).state is SessionState.STORED
+            await client.prompt(new, "count 1")
+            reply = await client.request("session/load", {**NEW, "sessionId": old})
+            ours = reply["result"]["_meta"]["acp_bridge"]
+            assert ours["restored"] is False
+            assert "gave its id to a new session" in ours["reason"]
+            assert texts(client.received, old) == ["count 3", "a:s1:0", "a:s1:1", "a:s1:2"]
+            listed = (await client.call("session/list", {}))["sessions"]
+            assert {old, new} <= {s["sessionId"] for s in listed}

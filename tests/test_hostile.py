@@ -36,10 +36,12 @@ import wsproto
 import wsproto.events as ev
 
 from acp_bridge._agent import make_subprocess_launcher
-from acp_bridge._bridge import Bridge
+from acp_bridge._bridge import READ_CHUNK, Bridge
 from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfig
+from acp_bridge._jsonrpc import dumps
 from acp_bridge._ws import serve_websocket
 
+from .fakes import FakeAgent, open_bridge
 from .test_e2e import rss_kib
 from .test_ws import (
     AUTH,
@@ -181,59 +183,61 @@ def percentile(values: list[float], q: float) -> float:
 
 async def test_a_client_that_stops_reading_while_100k_updates_stream():
     """The slow client's link closes when its queue is full, its socket is dropped at
-    ping_timeout, memory stays bounded, another session on the same agent keeps its round
-    trip, and the slow client's session (with its prompt's answer) is taken back after."""
+    ping_timeout, memory stays bounded, another session (another agent, another connection)
+    keeps its round trip, and the slow client's session (with its prompt's answer) is taken
+    back after."""
     limits = {"history_limit": 2000}
     with trio.fail_after(60):
         async with open_daemon(bridge=limits, ping_interval=0, ping_timeout=1) as daemon:
             bridge = daemon.bridge
             config = bridge.config.bridge
             rss_before = rss_kib(os.getpid())
-            slow = await RawPeer.connect(daemon.port, receive_buffer=4096)
-            before = set(bridge.clients)
-            await slow.handshake()
-            await slow.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
-            link = new_link(bridge, before)
-            sid = (await slow.call("session/new", NEW))["result"]["sessionId"]
-            session = bridge.sessions.get(sid)
-            assert session is not None
-            async with open_peer(daemon.port) as other:
-                on_g = {**NEW, "_meta": {"acp_bridge": {"agent": "g"}}}
-                mine = (await other.request("session/new", on_g))["result"]["sessionId"]
-                prompt_id = await slow.send(
-                    "session/prompt",
-                    {"sessionId": sid, "prompt": [{"type": "text", "text": f"flood {FLOOD}"}]},
-                )
-                # From here the slow client reads nothing. Round trips on the other session
-                # until every update of the flood went through the bridge.
-                latencies: list[float] = []
-                own: list[float] = []  # the bridge's own answer: _acp_bridge/agents
-                peak = rss_before
-                deepest = 0
-                history = session.history
-                assert history is not None
-                while history.last_seq < FLOOD + 1:  # (+1: the user's prompt)
-                    started = time.perf_counter()
-                    reply = await other.request(
-                        "session/set_mode", {"sessionId": mine, "modeId": "a"}
+            async with await RawPeer.connect(daemon.port, receive_buffer=4096) as slow:
+                before = set(bridge.clients)
+                await slow.handshake()
+                await slow.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+                link = new_link(bridge, before)
+                sid = (await slow.call("session/new", NEW))["result"]["sessionId"]
+                session = bridge.sessions.get(sid)
+                assert session is not None
+                async with open_peer(daemon.port) as other:
+                    on_g = {**NEW, "_meta": {"acp_bridge": {"agent": "g"}}}
+                    mine = (await other.request("session/new", on_g))["result"]["sessionId"]
+                    prompt_id = await slow.send(
+                        "session/prompt",
+                        {"sessionId": sid, "prompt": [{"type": "text", "text": f"flood {FLOOD}"}]},
                     )
-                    latencies.append(time.perf_counter() - started)
-                    assert reply["result"] == {}
-                    started = time.perf_counter()
-                    await other.request("_acp_bridge/agents", {})
-                    own.append(time.perf_counter() - started)
-                    peak = max(peak, rss_kib(os.getpid()))
-                    deepest = max(deepest, link.queue_depth())
-                    assert len(history) <= config.history_limit
-                assert link.closed
-                assert link.close_reason is not None
-                assert "queue full" in link.close_reason
-                # The stuck socket is dropped at ping_timeout: the session is detached.
-                with trio.fail_after(5):
-                    while session.client is not None:
-                        await other.request("session/set_mode", {"sessionId": mine, "modeId": "a"})
-                assert link not in bridge.clients
-            await slow.aclose()
+                    # From here the slow client reads nothing. Round trips on the other session
+                    # until every update of the flood went through the bridge.
+                    latencies: list[float] = []
+                    own: list[float] = []  # the bridge's own answer: _acp_bridge/agents
+                    peak = rss_before
+                    deepest = 0
+                    history = session.history
+                    assert history is not None
+                    while history.last_seq < FLOOD + 1:  # (+1: the user's prompt)
+                        started = time.perf_counter()
+                        reply = await other.request(
+                            "session/set_mode", {"sessionId": mine, "modeId": "a"}
+                        )
+                        latencies.append(time.perf_counter() - started)
+                        assert reply["result"] == {}
+                        started = time.perf_counter()
+                        await other.request("_acp_bridge/agents", {})
+                        own.append(time.perf_counter() - started)
+                        peak = max(peak, rss_kib(os.getpid()))
+                        deepest = max(deepest, link.queue_depth())
+                        assert len(history) <= config.history_limit
+                    assert link.closed
+                    assert link.close_reason is not None
+                    assert "queue full" in link.close_reason
+                    # The stuck socket is dropped at ping_timeout: the session is detached.
+                    with trio.fail_after(5):
+                        while session.client is not None:
+                            await other.request(
+                                "session/set_mode", {"sessionId": mine, "modeId": "a"}
+                            )
+                    assert link not in bridge.clients
             # Another connection takes the session back: the prompt's answer, then a load
             # that says what was trimmed.
             async with open_peer(daemon.port) as back:
@@ -262,6 +266,46 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
     assert deepest <= config.client_queue
     assert growth < SLOW_CLIENT_RSS_BOUND_KIB
     assert p99 < OTHER_SESSION_P99_BOUND
+
+
+async def test_one_big_read_from_an_agent_lets_other_tasks_run_between_its_lines():
+    """A read of hundreds of lines is handled a few dozen at a time (READER_TURN_LINES), other
+    tasks running in between (without it, one read was one uninterrupted step: the other
+    session's p99 above went from ~8 ms to ~50 ms)."""
+    agent = FakeAgent("a")
+    with trio.fail_after(10):
+        async with open_bridge({"a": agent}) as (client, bridge):
+            sid = await client.new_session()
+            await client.disconnect()  # detached: relaying it needs no await at all
+            await trio.testing.wait_all_tasks_blocked()
+            assert bridge.sessions.get(sid).client is None
+            lines = 320
+            chunk = b"".join(
+                dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "session/update",
+                        "params": {
+                            "sessionId": sid,
+                            "update": {
+                                "sessionUpdate": "agent_message_chunk",
+                                "content": {"type": "text", "text": f"{i}"},
+                            },
+                        },
+                    }
+                )
+                for i in range(lines)
+            )
+            assert len(chunk) < READ_CHUNK  # one read
+            base = bridge.counters["from_agent"]
+            seen = set()
+            assert agent._send is not None
+            await agent._send.send_all(chunk)
+            while bridge.counters["from_agent"] < base + lines:
+                seen.add(bridge.counters["from_agent"] - base)
+                await trio.lowlevel.checkpoint()
+    between = sorted(n for n in seen if 0 < n < lines)
+    assert len(between) >= 3, between  # (about lines / 32 turns; two can pair up)
 
 
 # -- WebSocket abuse -------------------------------------------------------------------------------
@@ -456,8 +500,10 @@ async def test_a_short_soak_holds_every_check(tmp_path):
     assert report["fd_growth"] <= 5
     assert report["unanswered"] == 0
     assert report["seq_repeats"] == 0
-    assert report["replay_check"]["sessions_checked"] == 100
-    assert report["replay_check"]["missing"] == report["replay_check"]["unexpected"] == 0
+    check = report["replay_check"]
+    # (a churned session may be between its close and its successor when the traffic stops)
+    assert check["sessions_checked"] == check["sessions_open"] >= 90
+    assert check["missing"] == check["unexpected"] == check["errors"] == 0
     assert report["log"]["tracebacks"] == 0
     assert report["max_pending_age_s"] < 30
     counts = report["counts"]

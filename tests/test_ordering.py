@@ -27,7 +27,7 @@ import collections
 import contextlib
 import functools
 import itertools
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -41,10 +41,13 @@ from acp_bridge._jsonrpc import dumps
 from acp_bridge._log import configure_logging
 from acp_bridge._routing import SessionState
 
-from .fakes import FakeAgent, TestClient, make_config
-from .fuzz_targets import long_minutes, run_for_share
+from .fakes import AgentCrash, FakeAgent, TestClient, connect, make_config, open_bridge
+from .fuzz_targets import EXAMPLES, long_minutes, out_of_time, run_for_share
 
-CI_EXAMPLES: Final = 200
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+CI_EXAMPLES: Final = 350
 LONG_BATCH: Final = 1000
 TIMEOUT: Final = 20.0
 AGENT_NAMES: Final = ("a", "b", "c")
@@ -219,6 +222,27 @@ class Connection:
     how: dict[str, str] = attrs.field(factory=dict)
     #: permission requests shown to it and not answered yet (oldest first)
     shown: list[dict[str, Any]] = attrs.field(factory=list)
+    #: it was dropped with its last requests and answers possibly still on the way
+    abrupt: bool = False
+    #: the ids of its requests not answered on it when it was dropped
+    outstanding: set[str] = attrs.field(factory=set)
+
+    def answered(self) -> set[str]:
+        return {
+            m["id"]
+            for m in self.client.received
+            if "method" not in m and isinstance(m.get("id"), str)
+        }
+
+    def owed(self) -> set[str]:
+        """The client's requests its take-backs said would be answered on this connection."""
+        out: set[str] = set()
+        for msg in self.client.received:
+            result = msg.get("result") if "method" not in msg else None
+            meta = result.get("_meta") if isinstance(result, dict) else None
+            if isinstance(meta, dict) and isinstance(meta.get("acp_bridge"), dict):
+                out.update(meta["acp_bridge"].get("pending") or ())
+        return out
 
 
 @attrs.define(eq=False)
@@ -232,8 +256,9 @@ class Player:
     connections: list[Connection] = attrs.field(factory=list)
     current: Connection | None = None
     ids: Any = attrs.field(factory=lambda: itertools.count(1))
-    #: the ids of every request the client sent
+    #: the ids of every request the client sent, and on which connection
     sent: list[str] = attrs.field(factory=list)
+    sent_on: dict[str, Connection] = attrs.field(factory=dict)
     #: how the client takes its sessions back when it returns to act
     comebacks: Any = attrs.field(factory=lambda: itertools.cycle(["load-after", "resume", "load"]))
 
@@ -278,6 +303,7 @@ class Player:
         client = self.current.client
         req_id = f"r{next(self.ids)}"
         self.sent.append(req_id)
+        self.sent_on[req_id] = self.current
         if not wait:
             await client.send({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params})
             return None
@@ -359,10 +385,14 @@ class Player:
             self.sessions.append(Tracked(bridge_id, agent, session.agent_id))
 
     async def drop(self, *, settle: bool = True) -> None:
-        assert self.current is not None
+        connection = self.current
+        assert connection is not None
         if settle:
             await self.settle()
-        await self.current.client.disconnect()
+        connection.abrupt = not settle
+        mine = {r for r, c in self.sent_on.items() if c is connection}
+        connection.outstanding = (mine | connection.owed()) - connection.answered()
+        await connection.client.disconnect()
         self.current = None
         await trio.testing.wait_all_tasks_blocked()
 
@@ -443,15 +473,32 @@ class Player:
                 seen = max(seen, got[-1])
 
     def check_responses(self) -> None:
+        """
+        One response per request. None only for a request still out when its connection
+        failed abruptly (its answer may have gone down with it) that no later take-back
+        listed as owed (``_meta.acp_bridge.pending``): what the client is told to expect.
+        """
         responses: collections.Counter[Any] = collections.Counter()
         for connection in self.connections:
-            for msg in connection.client.received:
-                if "method" not in msg and isinstance(msg.get("id"), str) and msg["id"][:1] == "r":
-                    responses[msg["id"]] += 1
-        missing = [r for r in self.sent if responses[r] == 0]
+            responses.update(
+                m["id"]
+                for m in connection.client.received
+                if "method" not in m and isinstance(m.get("id"), str)
+            )
         twice = [r for r, n in responses.items() if n > 1]
-        assert not missing, f"never answered: {missing}"
         assert not twice, f"answered more than once: {twice}"
+        owed = [connection.owed() for connection in self.connections]
+        for req_id in self.sent:
+            if responses[req_id]:
+                continue
+            # The last connection responsible for it: its sender, or the latest take-back
+            # that listed it as owed.
+            last = self.sent_on[req_id]
+            for connection, ids in zip(self.connections, owed, strict=True):
+                if req_id in ids:
+                    last = connection
+            lost = last.abrupt and req_id in last.outstanding
+            assert lost, f"never answered: {req_id} (last owed on {self.connections.index(last)})"
 
     def check_permissions(self) -> None:
         for agent in self.agents:
@@ -502,8 +549,22 @@ async def play(program: list[Any], agent_count: int) -> None:
 
 @given(program=PROGRAMS, agent_count=st.integers(2, 3))
 def _ordering(program, agent_count):
+    if out_of_time():
+        return
+    EXAMPLES["ordering"] += 1
     note(f"program: {program}")
     trio.run(play, program, agent_count)
+
+
+def byte_targets() -> dict[str, Callable[[bytes], None]]:
+    """The property as a function of raw bytes, for atheris (hypothesis decodes them)."""
+    test = settings(settings.get_profile("acp-bridge-ordering"), database=None)(_ordering)
+    fuzz = test.hypothesis.fuzz_one_input
+
+    def run(data: bytes) -> None:
+        fuzz(data)
+
+    return {"ordering": run}
 
 
 def test_ordering_property():
@@ -513,3 +574,53 @@ def test_ordering_property():
     profile = settings.get_profile("acp-bridge-ordering")
     examples = CI_EXAMPLES if long_minutes() is None else LONG_BATCH
     run_for_share("ordering", settings(profile, max_examples=examples)(_ordering))
+
+
+# -- regressions: what the ordering property found ---------------------------------------------
+
+
+class MortalAgent(FakeAgent):
+    """A fake agent whose process the test can kill (``die.set()``)."""
+
+    async def __call__(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
+        self.die = trio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def killer() -> None:
+                await self.die.wait()
+                raise AgentCrash("killed")
+
+            nursery.start_soon(killer)
+            await super().__call__(receive, send)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_turn_that_failed_while_the_client_was_away_is_answered_when_it_returns():
+    """Regression: the agent died while nobody was attached; the error for the client's running
+    prompt went to the closed connection (lost), and answers the bridge held for the session
+    were never delivered when the agent itself loaded the session again."""
+    agent = MortalAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_bridge({"a": agent}, restart_backoff_initial=0.0) as (client, bridge),
+            trio.open_nursery() as nursery,
+        ):
+            sid = await client.new_session()
+            wait = {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]}
+            await client.send(
+                {"jsonrpc": "2.0", "id": "w", "method": "session/prompt", "params": wait}
+            )
+            await client.wait_for(lambda m: "waiting" in str(m))
+            await client.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            agent.die.set()  # its turn ends with an error while nobody is attached
+            await trio.testing.wait_all_tasks_blocked()
+            back = await connect(bridge, nursery)
+            loaded = await back.request(
+                "session/load", {"sessionId": sid, "cwd": "/w", "mcpServers": []}
+            )
+            assert "result" in loaded, loaded
+            assert agent.starts == 2
+            [answer] = [m for m in back.received if m.get("id") == "w"]
+            assert answer["error"]["code"] == -32603
+            nursery.cancel_scope.cancel()

@@ -253,7 +253,14 @@ class ClientLink:
         self._counters: collections.Counter[str] = (
             counters if counters is not None else collections.Counter()
         )
-        self._send, self._receive = trio.open_memory_channel[bytes](queue_size)
+        #: the outbound queue, bounded by ``queue_size`` messages (not a memory channel: a
+        #: put is one append, and the writer takes everything queued at once)
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._limit = queue_size
+        #: no more output will be queued (finished, or closed): the writer ends once empty
+        self._finished = False
+        self._writer_lot = trio.lowlevel.ParkingLot()  # the writer waits here for output
+        self._room_lot = trio.lowlevel.ParkingLot()  # senders wait here for room
         #: requests the bridge sent to this client (forwarded agent requests)
         self.pending: PendingTable[Forwarded] = PendingTable(ClientLink._request_ids)
         #: this client's requests still out at an agent: client id → (agent, id on agent link)
@@ -285,8 +292,21 @@ class ClientLink:
         self._idle = None
 
     def finish(self) -> None:
-        """No more output will be queued: the pump ends once the queue is written."""
-        self._send.close()
+        """No more output will be queued: the writer ends once the queue is written."""
+        self._finished = True
+        self._writer_lot.unpark_all()
+
+    def _put(self, data: bytes) -> None:
+        self._queue.append(data)
+        if self._writer_lot:
+            self._writer_lot.unpark()
+        self._counters["to_client"] += 1
+        if self._tracer is not None:
+            self._tracer(self._link, "out", data)
+
+    def has_room(self) -> bool:
+        """Whether :meth:`send` would queue at once (the link may be closed)."""
+        return len(self._queue) < self._limit
 
     async def send(self, data: bytes) -> None:
         """
@@ -301,17 +321,10 @@ class ClientLink:
         """
         if self.closed:
             return
-        try:
-            self._send.send_nowait(data)
-        except trio.WouldBlock:
-            await self._send_when_room(data, None if self.blocking else OVERFLOW_WAIT)
+        if len(self._queue) < self._limit:
+            self._put(data)
             return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.close("connection closed")
-            return
-        self._counters["to_client"] += 1
-        if self._tracer is not None:
-            self._tracer(self._link, "out", data)
+        await self._send_when_room(data, None if self.blocking else OVERFLOW_WAIT)
 
     async def send_wait(self, data: bytes) -> None:
         """
@@ -325,48 +338,37 @@ class ClientLink:
         if self.closed:
             return
         timeout = wait if wait is not None else float("inf")
-        deadline = trio.current_time() + timeout
-        self._counters["to_client"] += 1
-        if self._tracer is not None:
-            self._tracer(self._link, "out", data)
-        with trio.move_on_at(deadline) as waiting:
-            try:
-                await self._send.send(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.close("connection closed")
+        with trio.move_on_after(timeout) as waiting:
+            while len(self._queue) >= self._limit and not self.closed:
+                await self._room_lot.park()
+            await trio.lowlevel.checkpoint_if_cancelled()
+        if not self.link_open():
+            return  # (closed while it waited)
         if waiting.cancelled_caught:
             self.close(f"client is not reading: outbound queue full for {timeout:g}s")
+            return
+        self._put(data)
+
+    def link_open(self) -> bool:
+        return not self.closed
 
     def send_nowait(self, data: bytes) -> bool:
         if self.closed:
             return False
-        self._counters["to_client"] += 1
-        if self._tracer is not None:
-            self._tracer(self._link, "out", data)
-        try:
-            self._send.send_nowait(data)
-        except trio.WouldBlock:
+        if len(self._queue) >= self._limit:
             self.close("client is not reading: outbound queue full")
             return False
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.close("connection closed")
-            return False
+        self._put(data)
         return True
 
     def queue_depth(self) -> int:
-        return self._send.statistics().current_buffer_used
+        return len(self._queue)
 
     def offer(self, data: bytes) -> bool:
         """Queue a droppable message (diagnostics): never waits, never closes the link."""
-        if self.closed:
+        if self.closed or len(self._queue) >= self._limit:
             return False
-        try:
-            self._send.send_nowait(data)
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            return False
-        self._counters["to_client"] += 1
-        if self._tracer is not None:
-            self._tracer(self._link, "out", data)
+        self._put(data)
         return True
 
     def close(self, reason: str) -> None:
@@ -374,22 +376,56 @@ class ClientLink:
             self.closed = True
             self.close_reason = reason
             self.log.info("client_closed", reason=reason)
-            self._send.close()
+            self.finish()
+            self._room_lot.unpark_all()
             self.closed_event.set()
 
+    async def _take(self, max_bytes: int) -> list[bytes]:
+        """
+        Wait for output and take what is queued, up to ``max_bytes`` (at least one message);
+        [] once the link is finished and its queue written. Senders waiting for room are let in.
+        """
+        queue = self._queue
+        while not queue:
+            if self._finished:
+                return []
+            await self._writer_lot.park()
+        if len(queue) == 1 or max_bytes <= 0:
+            batch = [queue.popleft()]
+        else:
+            batch = []
+            size = 0
+            while queue and size < max_bytes:
+                data = queue.popleft()
+                batch.append(data)
+                size += len(data)
+        if self._room_lot:
+            self._room_lot.unpark_all()
+        return batch
+
     async def pump(self, stream: trio.abc.SendStream) -> None:
-        """Write queued messages to ``stream`` until the link closes (batched writes)."""
-        await _pump(self._receive, stream)
+        """Write queued messages to ``stream`` until the link finishes (batched writes)."""
+        while batch := await self._take(WRITE_BATCH_BYTES):
+            await stream.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
 
     async def pump_messages(self, send: Callable[[bytes], Awaitable[object]]) -> None:
         """
-        Hand each queued message to ``send``, one at a time, until the link closes.
+        Hand each queued message to ``send``, one at a time, until the link finishes.
 
         For message transports (WebSocket: one text frame per message): ``send`` gets one
         JSON text, UTF-8, without the trailing newline.
         """
-        async for data in self._receive:
-            await send(data[:-1])
+        while batch := await self._take(0):
+            await send(batch[0][:-1])
+
+    async def pump_batches(self, send: Callable[[list[bytes]], Awaitable[object]]) -> None:
+        """
+        Hand what is queued to ``send``, a list of messages at a time (up to
+        ``WRITE_BATCH_BYTES``), until the link finishes: for message transports that can
+        write several messages at once. Each message keeps its trailing newline.
+        """
+        while batch := await self._take(WRITE_BATCH_BYTES):
+            await send(batch)
 
 
 async def _pump(receive: trio.MemoryReceiveChannel[bytes], stream: trio.abc.SendStream) -> None:
@@ -1939,10 +1975,13 @@ class Bridge:
     ) -> None:
         decoder = LineDecoder(max_line_bytes=self.config.bridge.max_line_bytes)
         handle = self._agent_line
+        relay = self._relay_update
         try:
             while data := await stream.receive_some(READ_CHUNK):
                 for n, line in enumerate(decoder.feed(data), 1):
-                    await handle(agent, line)
+                    # Most lines are session updates, relayed without a coroutine each.
+                    if not relay(agent, line):
+                        await handle(agent, line)
                     if not n % READER_TURN_LINES:
                         # One read can hold hundreds of lines: let the others in between
                         # (no line of the chunk is dropped on cancellation).
@@ -1954,6 +1993,45 @@ class Bridge:
         rest = decoder.feed_eof()
         if rest is not None:
             self.log.warning("agent_partial_line_at_exit", agent=agent.name)
+
+    def _relay_update(self, agent: AgentLink, line: bytes | Oversize) -> bool:
+        """
+        The hot path: relay a ``session/update`` of a known session to a client that has room
+        (or record it for a detached one) without awaiting. False leaves the line untouched
+        for :meth:`_agent_line` (anything else, or an update that must wait or be held).
+        """
+        if type(line) is not bytes or b'"session/update"' not in line:
+            return False
+        try:
+            msg = loads(line)
+        except JsonRpcError:
+            return False
+        if (
+            type(msg) is not dict
+            or msg.get("method") != "session/update"
+            or "id" in msg
+            or msg.get("jsonrpc") != "2.0"
+        ):
+            return False
+        params = msg.get("params")
+        if type(params) is not dict:
+            return False
+        sid = params.get("sessionId")
+        session = self.sessions.find(agent.name, sid) if type(sid) is str else None
+        if session is None:
+            return False
+        client = session.client
+        if client is not None and not client.closed and not client.has_room():
+            return False
+        self.counters["from_agent"] += 1
+        if self.tracer is not None:
+            self.tracer(f"agent:{agent.name}", "in", line)
+        data = self._record_update(session, msg, params, line)
+        if client is not None:
+            if client.want_seq:
+                data = dumps(msg)
+            client.send_nowait(data)
+        return True
 
     async def _agent_line(self, agent: AgentLink, line: bytes | Oversize) -> None:
         self.counters["from_agent"] += 1
@@ -1987,7 +2065,7 @@ class Bridge:
                 agent.send_nowait(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
 
     async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
-        """The hot path: relay a session/update, unchanged when its id needs no rewrite."""
+        """A session/update :meth:`_relay_update` left: maybe held, maybe waiting for room."""
         params = msg.get("params")
         sid = params.get("sessionId") if type(params) is dict else None
         session = self.sessions.find(agent.name, sid) if type(sid) is str else None
@@ -1999,6 +2077,22 @@ class Bridge:
             self.log.warning("update_for_unknown_session", agent=agent.name, session=sid)
             return
         assert type(params) is dict
+        data = self._record_update(session, msg, params, line)
+        client = session.client
+        if client is None:
+            return
+        if client.want_seq:
+            data = dumps(msg)
+        await client.send(data)
+
+    def _record_update(
+        self, session: Session, msg: JsonObject, params: JsonObject, line: bytes
+    ) -> bytes:
+        """
+        Rewrite the session id if needed, number and record the update (history, journal),
+        track setup changes; the bytes to relay (unchanged when no rewrite is needed). With
+        ``_meta.acp_bridge.seq`` stamped in ``msg`` for a client that opted in.
+        """
         if session.rewrite:
             params["sessionId"] = session.bridge_id
             data = dumps(msg)
@@ -2012,16 +2106,14 @@ class Bridge:
             if self.journal is not None:
                 self.journal.entry(session.bridge_id, seq, data)
         update = params.get("update")
-        kind = update.get("sessionUpdate") if type(update) is dict else None
-        if type(update) is dict and type(kind) is str and kind in _SETUP_UPDATES:
-            _track_setup(session, update)
+        if type(update) is dict:
+            kind = update.get("sessionUpdate")
+            if type(kind) is str and kind in _SETUP_UPDATES:
+                _track_setup(session, update)
         client = session.client
-        if client is None:
-            return
-        if client.want_seq:
+        if client is not None and client.want_seq:
             _set_seq(params, seq)
-            data = dumps(msg)
-        await client.send(data)
+        return data
 
     async def _agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
         method: str = msg["method"]

@@ -12,15 +12,13 @@ sessions marked as having a gap, which a later replay reports as "resync require
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 import trio
 
-from acp_bridge._store import JournalEntry, SessionRow
-
 if TYPE_CHECKING:
-    from acp_bridge._store import Store
+    from acp_bridge._store import SessionRow, Store
 
 logger = structlog.get_logger("acp_bridge.journal")
 
@@ -48,8 +46,12 @@ class Journal:
         self.interval = interval
         self.max_backlog = max_backlog
         self._sessions: dict[str, SessionRow] = {}
-        #: (session, seq, data, live, time): plain tuples on the hot path, rows in the thread
-        self._entries: list[tuple[str, int, bytes, bool, float]] = []
+        #: runs of consecutive entries of a session (one row each, see the store's schema):
+        #: [session, first seq, last seq, live, time, [lines]], in the order they began
+        self._runs: list[list[Any]] = []
+        #: the run each session is extending
+        self._open: dict[str, list[Any]] = {}
+        self._backlog = 0
         self._deleted: list[str] = []
         self._pending_added: dict[str, tuple[str, str, str, str]] = {}
         self._pending_removed: list[str] = []
@@ -67,18 +69,35 @@ class Journal:
         self._wake.set()
 
     def entry(self, session: str, seq: int, data: bytes, *, live: bool = True) -> None:
-        if len(self._entries) >= self.max_backlog:
+        """Record one entry: ``data`` is one line, newline-terminated (a relayed message)."""
+        if self._backlog >= self.max_backlog:
             if session not in self.gaps:
                 logger.error("journal_backlog_full", session=session)
             self.gaps.add(session)
             return
-        self._entries.append((session, seq, data, live, time.time()))
+        self._backlog += 1
+        flag = 1 if live else 0
+        run = self._open.get(session)
+        if data.find(b"\n") != len(data) - 1:
+            # Not one plain line (not from the bridge): a run of its own, never joined.
+            self._runs.append([session, seq, seq, flag, time.time(), [data]])
+            self._open.pop(session, None)
+        elif run is not None and run[2] == seq - 1 and run[3] == flag:
+            run[2] = seq
+            run[5].append(data)
+        else:
+            run = [session, seq, seq, flag, time.time(), [data]]
+            self._runs.append(run)
+            self._open[session] = run
         if not self._wake.is_set():
             self._wake.set()
 
     def delete(self, bridge_id: str) -> None:
         self._sessions.pop(bridge_id, None)
-        self._entries = [e for e in self._entries if e[0] != bridge_id]
+        self._open.pop(bridge_id, None)
+        kept = [r for r in self._runs if r[0] != bridge_id]
+        self._backlog -= sum(len(r[5]) for r in self._runs if r[0] == bridge_id)
+        self._runs = kept
         self._deleted.append(bridge_id)
         self._wake.set()
 
@@ -95,7 +114,7 @@ class Journal:
         """Changes recorded and not committed yet (0: the store has everything)."""
         return (
             len(self._sessions)
-            + len(self._entries)
+            + self._backlog
             + len(self._deleted)
             + len(self._pending_added)
             + len(self._pending_removed)
@@ -115,7 +134,7 @@ class Journal:
         """Wait until everything recorded so far is in the store."""
         while (
             self._sessions
-            or self._entries
+            or self._runs
             or self._deleted
             or self._pending_added
             or (self._pending_removed)
@@ -146,7 +165,8 @@ class Journal:
 
     async def _commit(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}
-        entries, self._entries = self._entries, []
+        runs, self._runs, self._open = self._runs, [], {}
+        entries, self._backlog = self._backlog, 0
         deleted, self._deleted = self._deleted, []
         added, self._pending_added = list(self._pending_added.values()), {}
         removed, self._pending_removed = self._pending_removed, []
@@ -154,12 +174,18 @@ class Journal:
             await trio.to_thread.run_sync(
                 lambda: self.store.write(
                     sessions=sessions,
-                    journal=[JournalEntry(*e) for e in entries],
+                    journal_runs=[_row(run) for run in runs],
                     deleted=deleted,
                     pending_added=added,
                     pending_removed=removed,
                 )
             )
             self.commits += 1
-            self.entries_written += len(entries)
+            self.entries_written += entries
         self._committed.set()
+
+
+def _row(run: list[Any]) -> tuple[str, int, int, int, float, bytes]:
+    """A run as a journal row (its lines joined: each is one newline-terminated line)."""
+    session, first, last, live, stamp, lines = run
+    return (session, first, last, live, stamp, lines[0] if first == last else b"".join(lines))

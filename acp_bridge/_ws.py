@@ -57,6 +57,7 @@ import secrets
 import shutil
 import ssl
 import stat
+import struct
 import sys
 import urllib.parse
 import uuid
@@ -646,6 +647,10 @@ class _ReplayStream(trio.abc.Stream):
     Every write must complete within ``send_timeout`` seconds; one that does not marks the
     stream broken (the peer stopped reading) and closes the transport.
 
+    Writes are serialised here, so the bridge's writer can send many text frames in one write
+    (:meth:`send_messages`) beside trio-websocket's own control frames; once trio-websocket
+    has sent its close frame, no data frame follows it.
+
     Cancellation: a write in progress is finished first (within ``send_timeout``), so the
     peer never gets half a frame.
     """
@@ -654,8 +659,11 @@ class _ReplayStream(trio.abc.Stream):
         self._stream = stream
         self._prefix = prefix
         self._send_timeout = send_timeout
+        self._write_lock = trio.StrictFIFOLock()
         self.stalled = False
         self.broken = False
+        #: the close frame went out (written by trio-websocket): no data frame may follow
+        self.close_sent = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
@@ -666,6 +674,23 @@ class _ReplayStream(trio.abc.Stream):
         return await self._stream.receive_some(max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        async with self._write_lock:
+            if data[:1] == b"\x88":  # (trio-websocket writes each frame by itself)
+                self.close_sent = True
+            await self._write(data)
+
+    async def send_messages(self, messages: list[bytes]) -> bool:
+        """
+        Write each message (a JSON line, its newline dropped) as one unfragmented text frame,
+        all in one write. False, writing nothing, once the close frame is out.
+        """
+        async with self._write_lock:
+            if self.close_sent:
+                return False
+            await self._write(text_frames(messages))
+            return True
+
+    async def _write(self, data: bytes | bytearray | memoryview) -> None:
         if self.broken:
             raise trio.BrokenResourceError("an earlier write failed")
         # Shielded: a frame is written whole even when the connection is being cancelled
@@ -688,6 +713,25 @@ class _ReplayStream(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+
+def text_frames(messages: list[bytes]) -> bytes:
+    """
+    RFC 6455 server frames: each message (with a trailing newline, which is dropped) as one
+    final, unmasked text frame. The payload must be UTF-8 (the bridge relays only what it
+    decoded as JSON, and encodes UTF-8). No extension is ever negotiated, so RSV bits are 0.
+    """
+    parts: list[bytes | memoryview] = []
+    for message in messages:
+        n = len(message) - 1
+        if n < 126:
+            parts.append(bytes((0x81, n)))
+        elif n < 1 << 16:
+            parts.append(struct.pack("!BBH", 0x81, 126, n))
+        else:
+            parts.append(struct.pack("!BBQ", 0x81, 127, n))
+        parts.append(memoryview(message)[:n])
+    return b"".join(parts)
 
 
 @attrs.define
@@ -962,17 +1006,25 @@ class WebSocketFace:
         ending: _Ending,
         replay: _ReplayStream,
     ) -> None:
-        async def send(data: bytes) -> None:
+        async def send(batch: list[bytes]) -> None:
             if client.closed:  # the link overflowed: what is still queued is not sent
                 raise _LinkClosed
-            await ws.send_message(data.decode("utf-8", "replace"))
+            if ws.closed is not None:
+                raise trio_websocket.ConnectionClosed(ws.closed)
+            # Many frames in one write: one system call (and one TCP segment, mostly) for a
+            # burst, instead of one per message through trio-websocket's send_message.
+            if not await replay.send_messages(batch):
+                raise trio_websocket.ConnectionClosed(ws.closed)
 
         try:
-            await client.pump_messages(send)
+            await client.pump_batches(send)
         except _LinkClosed:
             pass
         except trio_websocket.ConnectionClosed as exc:
             ending.decide(*self._closed_by(exc, replay))
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            ending.decide(1006, "client stopped reading" if replay.stalled else "connection lost")
             return
         ending.decide(1008, client.close_reason or "closed by the bridge")
 

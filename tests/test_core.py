@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from acp_bridge import _jsonrpc
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._jsonrpc import JsonRpcError, Kind, classify, dumps, loads
 from acp_bridge._routing import PendingTable, SessionTable
@@ -120,6 +121,107 @@ def test_encoding_is_one_compact_line_and_keeps_unicode():
     data = dumps({"text": "héllo\nworld", "n": 1})
     assert data == '{"text":"héllo\\nworld","n":1}\n'.encode()
     assert data.count(b"\n") == 1
+
+
+
+def _reference(line: bytes):
+    """What the standard-library codec alone decides: the value, or the parse error."""
+    try:
+        return ("ok", _jsonrpc._reference_loads(line))
+    except JsonRpcError as exc:
+        return ("error", exc.code)
+
+
+def _decided(line: bytes):
+    try:
+        value = loads(line)
+    except JsonRpcError as exc:
+        return ("error", exc.code)
+    return ("ok", value)
+
+
+def _same(a, b) -> bool:
+    """Equal, with the types of numbers kept (1 and 1.0 differ on the wire)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b or (a != a and b != b)
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_json_values)
+def test_fast_codec_decodes_exactly_as_the_reference(value):
+    """orjson decodes what the standard library would, to the same values and types: big
+    integers, floats, escapes and key order included (a fast-path mistake would change
+    ids or numbers on the wire)."""
+    line = _jsonrpc._encoder.encode(value).encode("utf-8", "surrogatepass")
+    reference = _reference(line)
+    decided = _decided(line)
+    assert decided[0] == reference[0]
+    assert _same(decided[1], reference[1])
+
+
+@given(
+    st.binary(max_size=64)
+    | st.lists(
+        st.sampled_from(
+            [b"[", b"]", b"{", b"}", b'"', b"\\", b"u", b"d800", b"1", b"9" * 19, b"e400",
+             b"-", b".", b",", b":", b" ", b"\xef\xbb\xbf", b"\xed\xa0\x80", b"\xff", b"NaN",
+             b"true", b"null", b'"a"', b"0"]
+        ),
+        max_size=40,
+    ).map(b"".join)
+)
+def test_fast_codec_accepts_and_refuses_exactly_what_the_reference_does(line):
+    """Arbitrary bytes: the same verdict as the standard-library codec, and the same value."""
+    reference = _reference(line)
+    decided = _decided(line)
+    assert decided[0] == reference[0], (line, decided, reference)
+    assert _same(decided[1], reference[1])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"123456789012345678901234567890",
+        b"-9223372036854775809",
+        b'{"id":18446744073709551616}',
+        b'"\\ud800"',
+        b"[" * 129 + b"]" * 129,
+        b"[" * 128 + b"]" * 128,
+        b"\xef\xbb\xbf{}",
+        b"1e400",
+        b'{"a":1,"a":2}',
+    ],
+)
+def test_fast_codec_edge_cases_match_the_reference(line):
+    reference = _reference(line)
+    decided = _decided(line)
+    assert decided[0] == reference[0]
+    assert _same(decided[1], reference[1])
+
+
+@given(_json_values)
+def test_fast_encoding_round_trips_to_the_same_value(value):
+    """What ``dumps`` writes (orjson, or the reference codec for what orjson refuses) reads
+    back as the same value, and is one compact line."""
+    data = dumps({"v": value})
+    assert data.endswith(b"\n") and data.count(b"\n") == 1
+    assert _same(_jsonrpc._reference_loads(data[:-1])["v"], value)
 
 
 # ----------------------------------------------------------------------------- routing

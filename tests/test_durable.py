@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import sqlite3
 
 import trio
 import trio.lowlevel
 import trio.testing
 
+from acp_bridge import _store
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
@@ -77,6 +79,66 @@ def test_store_journal_round_trip_trim_and_delete(tmp_path):
     store.close()
     # Reopening keeps the schema (migrations are not run twice).
     open_store(str(tmp_path / "b.db")).close()
+
+
+async def test_journal_writes_runs_of_entries_and_reads_them_back_one_by_one(tmp_path):
+    """Consecutive entries of a session are one row (one insert per run, not per update);
+    reading, bounds, retention and deletion still work entry by entry."""
+    store = open_store(str(tmp_path / "b.db"))
+    journal = Journal(store)
+    lines = {seq: b'{"n":%d}\n' % seq for seq in range(1, 31)}
+    for seq in range(1, 11):
+        journal.entry("s1", seq, lines[seq])
+        journal.entry("s2", seq, lines[seq])
+    journal.entry("s1", 11, lines[11], live=False)  # a user prompt: a new run
+    for seq in range(12, 31):
+        journal.entry("s1", seq, lines[seq])
+    journal.entry("s2", 12, b"odd\nline\n")  # a gap, and not one plain line: its own run
+    journal.entry("s2", 13, lines[13])
+    assert journal.backlog() == 42
+    await journal._commit()
+    assert journal.backlog() == 0
+    assert journal.entries_written == 42
+    rows = store._conn.execute(
+        "SELECT session, first_seq, last_seq, live FROM journal ORDER BY session, first_seq"
+    ).fetchall()
+    assert rows == [
+        ("s1", 1, 10, 1), ("s1", 11, 11, 0), ("s1", 12, 30, 1),
+        ("s2", 1, 10, 1), ("s2", 12, 12, 1), ("s2", 13, 13, 1),
+    ]  # fmt: skip
+    assert [(e.seq, e.data) for e in store.journal("s1")] == sorted(lines.items())
+    assert [e.seq for e in store.journal("s1", after_seq=9, limit=4)] == [10, 11, 12, 13]
+    assert [e.live for e in store.journal("s1", after_seq=9, limit=3)] == [True, False, True]
+    assert 11 not in [e.seq for e in store.journal("s1", live_only=True)]
+    assert [e.data for e in store.journal("s2", after_seq=10)] == [b"odd\nline\n", lines[13]]
+    assert store.journal_bounds("s1") == (1, 30)
+    # Retention keeps whole runs: the newest 15 of s1 are in its last run (12..30).
+    assert store.trim_journal(keep_entries=15) == 11
+    assert store.journal_bounds("s1") == (12, 30)
+    assert store.journal_bounds("s2") == (1, 13)  # (its last 15 reach back to its first run)
+    journal.delete("s2")
+    store.close()
+
+
+def test_a_journal_of_the_previous_schema_is_migrated_entry_by_entry(tmp_path):
+    """A store written by the version before runs (one row per entry) opens with its journal
+    intact, numbering included."""
+    path = str(tmp_path / "old.db")
+    conn = sqlite3.connect(path)
+    for number, script in enumerate(_store.MIGRATIONS[:2], start=1):
+        conn.executescript(f"BEGIN;{script};PRAGMA user_version={number};COMMIT;")
+    conn.executemany(
+        "INSERT INTO journal VALUES (?,?,?,?,?)",
+        [("s1", seq, int(seq != 2), 1.0, b"u%d\n" % seq) for seq in range(1, 6)],
+    )
+    conn.commit()
+    conn.close()
+    store = open_store(path)
+    assert [(e.seq, e.live, e.data) for e in store.journal("s1")] == [
+        (seq, seq != 2, b"u%d\n" % seq) for seq in range(1, 6)
+    ]
+    assert store.journal_bounds("s1") == (1, 5)
+    store.close()
 
 
 async def test_restart_lists_the_session_and_replays_the_journal_when_the_agent_cannot(tmp_path):

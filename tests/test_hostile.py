@@ -188,7 +188,11 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
     back after."""
     limits = {"history_limit": 2000}
     with trio.fail_after(60):
-        async with open_daemon(bridge=limits, ping_interval=0, ping_timeout=1) as daemon:
+        # ping_timeout (the cut-off of a write that never completes) is set above OVERFLOW_WAIT
+        # (1 s), so the queue-full rule is the one that ends the link: the writer sends whole
+        # bursts, fills the socket's buffer at once and then waits on it, which would make the
+        # two timers race if they were equal.
+        async with open_daemon(bridge=limits, ping_interval=0, ping_timeout=3) as daemon:
             bridge = daemon.bridge
             config = bridge.config.bridge
             rss_before = rss_kib(os.getpid())
@@ -232,7 +236,7 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
                     assert link.close_reason is not None
                     assert "queue full" in link.close_reason
                     # The stuck socket is dropped at ping_timeout: the session is detached.
-                    with trio.fail_after(5):
+                    with trio.fail_after(8):
                         while session.client is not None:
                             await other.request(
                                 "session/set_mode", {"sessionId": mine, "modeId": "a"}

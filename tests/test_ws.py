@@ -45,10 +45,12 @@ from acp_bridge._ws import (
     RequestHead,
     Upgrade,
     WebSocketFace,
+    _ReplayStream,
     check_bind,
     judge,
     load_or_create_token,
     serve_websocket,
+    text_frames,
 )
 
 from .fakes import FakeAgent, make_config
@@ -1049,3 +1051,38 @@ async def test_serve_process_answers_healthz_and_stops_on_sigterm(tmp_path):
                 proc.kill()
                 with trio.CancelScope(shield=True):
                     await proc.wait()
+
+
+# -- the writer's own framing -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [[0, 1, 125], [126, 65535], [65536, 70000, 2], [3] * 500])
+def test_text_frames_are_what_a_websocket_client_reads_as_whole_text_messages(sizes):
+    """Each queued line becomes one final, unmasked text frame (all three length forms),
+    read back by wsproto's own frame parser as the same text, newline dropped."""
+    from wsproto.frame_protocol import FrameProtocol, Opcode
+
+    messages = [("é" * (n // 2) + "x" * (n % 2) + "\n").encode() for n in sizes]
+    parser = FrameProtocol(client=True, extensions=[])
+    parser.receive_bytes(text_frames(messages))
+    frames = list(parser.received_frames())
+    assert [f.opcode for f in frames] == [Opcode.TEXT] * len(sizes)
+    assert all(f.frame_finished and f.message_finished for f in frames)
+    assert [f.payload for f in frames] == [m[:-1].decode() for m in messages]
+
+
+async def test_no_data_frame_follows_the_close_frame():
+    """Once trio-websocket wrote its close frame, the writer's bursts are refused unwritten;
+    before it, they go out whole and in order with the control frames."""
+    sent, received = trio.testing.memory_stream_pair()
+    replay = _ReplayStream(sent, b"", send_timeout=5)
+    assert await replay.send_messages([b'{"a":1}\n', b'{"b":2}\n'])
+    await replay.send_all(b"\x8a\x00")  # a pong
+    await replay.send_all(b"\x88\x02\x03\xe8")  # close, 1000
+    assert replay.close_sent
+    assert not await replay.send_messages([b'{"c":3}\n'])
+    await sent.aclose()
+    data = b""
+    while chunk := await received.receive_some():
+        data += chunk
+    assert data == text_frames([b'{"a":1}\n', b'{"b":2}\n']) + b"\x8a\x00\x88\x02\x03\xe8"

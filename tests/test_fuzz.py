@@ -624,6 +624,60 @@ async def test_a_duplicate_request_id_from_an_agent_never_reaches_its_next_proce
             assert not [m for m in agent.received[before:] if m.get("id") == 7]
 
 
+async def test_a_request_the_agent_withdrew_is_answered_even_if_the_client_never_does():
+    """Regression: an agent's ``$/cancel_request`` for a request shown to the client was only
+    relayed; a client that did not answer the withdrawn request (honouring the cancel is
+    optional) left the agent waiting forever (the fuzzer: an ``ignore`` client and a
+    ``terminal/output`` withdrawn). Now the bridge answers it at once (-32800; a permission:
+    ``cancelled``), exactly once: the client's late answer is dropped."""
+    agent = FakeAgent("a")
+    with trio.fail_after(REGRESSION_TIMEOUT):
+        async with open_bridge({"a": agent}) as (client, bridge):
+            sid = await client.new_session()
+            permission = {
+                "sessionId": sid,
+                "toolCall": {"toolCallId": "t", "title": "x"},
+                "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
+            }
+            asks = {
+                "r": ("fs/read_text_file", {"sessionId": sid, "path": "/w/x"}),
+                "p": ("session/request_permission", permission),
+            }
+            shown_ids = []
+            for agent_id, (method, params) in asks.items():
+                ask = {"jsonrpc": "2.0", "id": agent_id, "method": method, "params": params}
+                await agent.write(ask)
+                shown = await client.agent_requests.receive()
+                shown_ids.append(shown["id"])
+                cancel = {"requestId": agent_id}
+                await agent.write(
+                    {"jsonrpc": "2.0", "method": "$/cancel_request", "params": cancel}
+                )
+                relayed = {"requestId": shown["id"]}
+                await client.wait_for(
+                    lambda m, relayed=relayed: (
+                        m.get("method") == "$/cancel_request" and m["params"] == relayed
+                    )
+                )
+            await trio.testing.wait_all_tasks_blocked()  # the client does not answer
+
+            def answers() -> tuple[list[dict[str, Any]], ...]:
+                return tuple([m for m in agent.received if m.get("id") == i] for i in asks)
+
+            read, allow = answers()
+            assert [m.get("error", {}).get("code") for m in read] == [-32800], read
+            assert [m.get("result") for m in allow] == [{"outcome": {"outcome": "cancelled"}}]
+            assert not bridge.agents["a"].inflight
+            for shown_id in shown_ids:  # late: dropped
+                await client.send({"jsonrpc": "2.0", "id": shown_id, "result": {}})
+            await trio.testing.wait_all_tasks_blocked()
+            assert answers() == (read, allow)
+            decisions = [(r.decision, r.source) for r in bridge.audit.recent]
+            assert decisions == [("cancelled", "agent_cancel"), ("refused", "late_answer")]
+            answer = await client.prompt(sid, "count 1")
+            assert answer["result"] == {"stopReason": "end_turn"}
+
+
 class _Overlap:
     """A stand-in for the store's connection that notices two transactions at once."""
 

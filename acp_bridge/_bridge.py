@@ -2063,6 +2063,7 @@ class Bridge:
         """
         shown = agent.inflight.get(request_id)
         if shown is None:
+            await self._withdraw_parked(agent, request_id)
             return
         client, client_id = shown
         entry = client.pending.get(client_id)
@@ -2081,6 +2082,22 @@ class Bridge:
         if ask:
             # (Exactly once: a no-op if the client's answer settled it meanwhile.)
             await self.approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
+
+    async def _withdraw_parked(self, agent: AgentLink, request_id: JsonRpcId) -> None:
+        """A withdrawn request parked for a reattach: answered now, never shown again."""
+        for session in self.sessions.of_agent(agent.name):
+            for entry in session.parked:
+                if entry.origin is agent and entry.origin_id == request_id:
+                    break
+            else:
+                continue
+            if isinstance(entry.extra, Ask):
+                await self.approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
+                return
+            session.parked.remove(entry)
+            withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
+            agent.send_nowait(dumps(error_msg(request_id, withdrawn)))
+            return
 
     async def _agent_request(self, agent: AgentLink, msg: JsonObject) -> None:
         method: str = msg["method"]

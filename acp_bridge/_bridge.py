@@ -2178,14 +2178,9 @@ class Bridge:
         method: str = msg["method"]
         params = params_of(msg)
         if method == "$/cancel_request":
-            # The agent withdrew a request it made of a client: translate the id.
             request_id = params.get("requestId")
-            shown = agent.inflight.get(request_id) if _is_id(request_id) else None
-            if shown is not None:
-                client, client_id = shown
-                await client.send(
-                    dumps(notification_msg("$/cancel_request", {"requestId": client_id}))
-                )
+            if _is_id(request_id):
+                await self._agent_withdrew(agent, request_id)
             return
         if method == "elicitation/complete":
             # Only to the connection that was shown the elicitation (ACP: bound to it).
@@ -2207,6 +2202,53 @@ class Bridge:
                 await session.client.send(dumps(msg))
                 return
         self.log.debug("agent_notification_ignored", agent=agent.name, method=method)
+
+    async def _agent_withdrew(self, agent: AgentLink, request_id: JsonRpcId) -> None:
+        """
+        The agent withdrew (``$/cancel_request``) a request it made of a client: the client is
+        told (the id translated), and the agent is answered here, at once: ``-32800``, or the
+        ``cancelled`` outcome for a permission. Not left to the client: honouring
+        ``$/cancel_request`` is optional in ACP, so a client may never answer a withdrawn
+        request, and the agent would wait for it forever. The client's late answer is dropped
+        (a permission's: refused and audited, as after any other settlement).
+        """
+        shown = agent.inflight.get(request_id)
+        if shown is None:
+            await self._withdraw_parked(agent, request_id)
+            return
+        client, client_id = shown
+        entry = client.pending.get(client_id)
+        if entry is None:
+            return
+        ask = isinstance(entry.extra, Ask)
+        if not ask:
+            # Settled before anything yields: an answer the client sends meanwhile is late.
+            client.pending.pop(client_id)
+            agent.inflight.pop(request_id, None)
+            if entry.session is not None:
+                entry.session.pending_permissions.discard(client_id)
+            withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
+            agent.send_nowait(dumps(error_msg(request_id, withdrawn)))
+        await client.send(dumps(notification_msg("$/cancel_request", {"requestId": client_id})))
+        if ask:
+            # (Exactly once: a no-op if the client's answer settled it meanwhile.)
+            await self.approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
+
+    async def _withdraw_parked(self, agent: AgentLink, request_id: JsonRpcId) -> None:
+        """A withdrawn request parked for a reattach: answered now, never shown again."""
+        for session in self.sessions.of_agent(agent.name):
+            for entry in session.parked:
+                if entry.origin is agent and entry.origin_id == request_id:
+                    break
+            else:
+                continue
+            if isinstance(entry.extra, Ask):
+                await self.approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
+                return
+            session.parked.remove(entry)
+            withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
+            agent.send_nowait(dumps(error_msg(request_id, withdrawn)))
+            return
 
     async def _agent_request(self, agent: AgentLink, msg: JsonObject) -> None:
         method: str = msg["method"]

@@ -46,7 +46,7 @@ from acp_bridge._redact import Redactor
 from acp_bridge._store import AuditRecord, JournalEntry, open_store
 from acp_bridge._trace import WireTrace, _Message, format_record
 
-from .fakes import FakeAgent, open_bridge
+from .fakes import FakeAgent, connect, open_bridge
 from .fuzz_targets import (
     CAP,
     EXAMPLES,
@@ -622,6 +622,109 @@ async def test_a_duplicate_request_id_from_an_agent_never_reaches_its_next_proce
             await trio.testing.wait_all_tasks_blocked()
             assert agent.starts == 2
             assert not [m for m in agent.received[before:] if m.get("id") == 7]
+
+
+async def test_a_request_the_agent_withdrew_is_answered_even_if_the_client_never_does():
+    """Regression: an agent's ``$/cancel_request`` for a request shown to the client was only
+    relayed; a client that did not answer the withdrawn request (honouring the cancel is
+    optional) left the agent waiting forever (the fuzzer: an ``ignore`` client and a
+    ``terminal/output`` withdrawn). Now the bridge answers it at once (-32800; a permission:
+    ``cancelled``), exactly once: the client's late answer is dropped."""
+    agent = FakeAgent("a")
+    with trio.fail_after(REGRESSION_TIMEOUT):
+        async with open_bridge({"a": agent}) as (client, bridge):
+            sid = await client.new_session()
+            permission = {
+                "sessionId": sid,
+                "toolCall": {"toolCallId": "t", "title": "x"},
+                "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
+            }
+            asks = {
+                "r": ("fs/read_text_file", {"sessionId": sid, "path": "/w/x"}),
+                "p": ("session/request_permission", permission),
+            }
+            shown_ids = []
+            for agent_id, (method, params) in asks.items():
+                ask = {"jsonrpc": "2.0", "id": agent_id, "method": method, "params": params}
+                await agent.write(ask)
+                shown = await client.agent_requests.receive()
+                shown_ids.append(shown["id"])
+                cancel = {"requestId": agent_id}
+                await agent.write(
+                    {"jsonrpc": "2.0", "method": "$/cancel_request", "params": cancel}
+                )
+                relayed = {"requestId": shown["id"]}
+                await client.wait_for(
+                    lambda m, relayed=relayed: (
+                        m.get("method") == "$/cancel_request" and m["params"] == relayed
+                    )
+                )
+            await trio.testing.wait_all_tasks_blocked()  # the client does not answer
+
+            def answers() -> tuple[list[dict[str, Any]], ...]:
+                return tuple([m for m in agent.received if m.get("id") == i] for i in asks)
+
+            read, allow = answers()
+            assert [m.get("error", {}).get("code") for m in read] == [-32800], read
+            assert [m.get("result") for m in allow] == [{"outcome": {"outcome": "cancelled"}}]
+            assert not bridge.agents["a"].inflight
+            for shown_id in shown_ids:  # late: dropped
+                await client.send({"jsonrpc": "2.0", "id": shown_id, "result": {}})
+            await trio.testing.wait_all_tasks_blocked()
+            assert answers() == (read, allow)
+            decisions = [(r.decision, r.source) for r in bridge.audit.recent]
+            assert decisions == [("cancelled", "agent_cancel"), ("refused", "late_answer")]
+            answer = await client.prompt(sid, "count 1")
+            assert answer["result"] == {"stopReason": "end_turn"}
+
+
+async def test_a_parked_request_the_agent_withdrew_is_answered_and_not_shown_again():
+    """Regression: a request parked for the next connection (its client dropped within
+    ``detach_grace``) and then withdrawn by the agent was not answered until the grace
+    period ended, and the connection that took the session back was shown it anyway."""
+    agent = FakeAgent("a")
+    with trio.fail_after(REGRESSION_TIMEOUT):
+        async with (
+            open_bridge({"a": agent}, detach_grace=3600) as (client, bridge),
+            trio.open_nursery() as nursery,
+        ):
+            sid = await client.new_session()
+            permission = {
+                "sessionId": sid,
+                "toolCall": {"toolCallId": "t", "title": "x"},
+                "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
+            }
+            asks = {
+                "r": ("fs/read_text_file", {"sessionId": sid, "path": "/w/x"}),
+                "p": ("session/request_permission", permission),
+            }
+            for agent_id, (method, params) in asks.items():
+                ask = {"jsonrpc": "2.0", "id": agent_id, "method": method, "params": params}
+                await agent.write(ask)
+                await client.agent_requests.receive()
+            await client.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            [session] = bridge.sessions
+            assert len(session.parked) == 2
+            for agent_id in asks:
+                cancel = {"requestId": agent_id}
+                await agent.write(
+                    {"jsonrpc": "2.0", "method": "$/cancel_request", "params": cancel}
+                )
+            await trio.testing.wait_all_tasks_blocked()
+            read, allow = ([m for m in agent.received if m.get("id") == i] for i in asks)
+            assert [m.get("error", {}).get("code") for m in read] == [-32800], read
+            assert [m.get("result") for m in allow] == [{"outcome": {"outcome": "cancelled"}}]
+            assert not session.parked
+            other = await connect(bridge, nursery)
+            await other.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            await trio.testing.wait_all_tasks_blocked()
+            assert not [
+                m
+                for m in other.received
+                if m.get("method") in ("fs/read_text_file", "session/request_permission")
+            ]
+            nursery.cancel_scope.cancel()
 
 
 class _Overlap:

@@ -220,7 +220,8 @@ def test_fast_encoding_round_trips_to_the_same_value(value):
     """What ``dumps`` writes (orjson, or the reference codec for what orjson refuses) reads
     back as the same value, and is one compact line."""
     data = dumps({"v": value})
-    assert data.endswith(b"\n") and data.count(b"\n") == 1
+    assert data.endswith(b"\n")
+    assert data.count(b"\n") == 1
     assert _same(_jsonrpc._reference_loads(data[:-1])["v"], value)
 
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import structlog
 import trio
-import trio.testing
+
+from acp_bridge import _pipes as pipes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -183,10 +184,16 @@ class Reaper:
 #: after an agent exited by itself, how long its readers may take to reach the end of what it
 #: wrote before the pipes are closed regardless
 EXIT_DRAIN_WAIT = 0.25
+#: what one read of an agent's pipe takes at most
+READ_SIZE = 64 * 1024
 
 
 class _Watched(trio.abc.ReceiveStream):
-    """An agent's pipe whose reader's end of data is known (``ended``: EOF, broken, closed)."""
+    """
+    An agent's pipe whose reader's end of data is known (``ended``: EOF, broken, closed).
+
+    Reads do not yield when data is waiting (:mod:`acp_bridge._pipes`): its reader yields.
+    """
 
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self._stream = stream
@@ -194,7 +201,7 @@ class _Watched(trio.abc.ReceiveStream):
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         try:
-            data = await self._stream.receive_some(max_bytes)
+            data = await pipes.receive_some(self._stream, max_bytes or READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.ended.set()
             raise
@@ -326,6 +333,8 @@ def make_in_process_launcher(
             on_start(config.name)
         # Lockstep toward the agent, like a pipe with no slack: an agent that stops reading
         # blocks the bridge's writer, as a full pipe would.
+        import trio.testing  # (not at import: it brings pytest along, 0.3 s of start-up)
+
         to_agent_send, to_agent_recv = trio.testing.lockstep_stream_pair()
         from_agent_send, from_agent_recv = trio.testing.memory_stream_pair()
         # A fake that wants a stderr gets one (an attribute ``stderr`` is set on it).

@@ -24,7 +24,6 @@ import collections
 import enum
 import functools
 import itertools
-import os
 import re
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -33,6 +32,7 @@ import structlog
 import trio
 
 from acp_bridge import __version__
+from acp_bridge import _pipes as pipes
 from acp_bridge._agent import (
     AgentStartError,
     AgentTransport,
@@ -308,7 +308,7 @@ class ClientLink:
             # bytes at once (one scheduler round less per hop); what it does not take now
             # is queued for the writer as usual.
             if self._fd is not None:
-                sent = _write_now(self._fd, data)
+                sent = pipes.write_now(self._fd, data)
                 if sent == len(data):
                     return
                 data = data[sent:]
@@ -416,10 +416,10 @@ class ClientLink:
 
     async def pump(self, stream: trio.abc.SendStream) -> None:
         """Write queued messages to ``stream`` until the link finishes (batched writes)."""
-        self._fd = _pipe_fd(stream)
+        self._fd = pipes.pipe_fd(stream)
         try:
             while batch := await self._take(WRITE_BATCH_BYTES):
-                await _send_all(stream, batch[0] if len(batch) == 1 else b"".join(batch))
+                await pipes.send_all(stream, batch[0] if len(batch) == 1 else b"".join(batch))
         finally:
             self._fd = None
 
@@ -457,38 +457,7 @@ async def _pump(receive: trio.MemoryReceiveChannel[bytes], stream: trio.abc.Send
                 size += len(more)
             if len(batch) > 1:
                 data = b"".join(batch)
-        await _send_all(stream, data)
-
-
-def _pipe_fd(stream: trio.abc.SendStream) -> int | None:
-    """The file descriptor of a pipe stream (trio's FdStream: non-blocking), else None."""
-    return stream.fileno() if isinstance(stream, trio.lowlevel.FdStream) else None
-
-
-def _write_now(fd: int, data: bytes) -> int:
-    """
-    Write what a non-blocking pipe takes now, without waiting; 0 on any error (the stream's
-    own ``send_all`` then meets the error, and raises it the way trio does).
-    """
-    try:
-        return os.write(fd, data)
-    except OSError:
-        return 0
-
-
-async def _send_all(stream: trio.abc.SendStream, data: bytes) -> None:
-    """
-    ``stream.send_all(data)``; to a pipe, the bytes are offered at once first. (trio's
-    ``send_all`` starts with a checkpoint, a whole scheduler round; on a busy bridge that is
-    a turn of every flooding reader, added to each hop of a round trip.)
-    """
-    fd = _pipe_fd(stream)
-    if fd is not None:
-        sent = _write_now(fd, data)
-        if sent == len(data):
-            return
-        data = data[sent:]
-    await stream.send_all(data)
+        await pipes.send_all(stream, data)
 
 
 @attrs.define(eq=False)
@@ -543,7 +512,7 @@ class AgentLink:
             if not idle.current_buffer_used and idle.tasks_waiting_receive:
                 # Its writer waits for output, so nothing is queued or being written: the
                 # agent's stdin gets the bytes at once; the rest is queued as usual.
-                sent = _write_now(self._fd, data)
+                sent = pipes.write_now(self._fd, data)
                 if sent == len(data):
                     return True
                 data = data[sent:]
@@ -1806,7 +1775,7 @@ class Bridge:
             agent.pid = transport.pid
             send, receive = trio.open_memory_channel[bytes](agent.queue_size)
             agent._send = send
-            agent._fd = _pipe_fd(transport.send)
+            agent._fd = pipes.pipe_fd(transport.send)
             nursery.start_soon(self._agent_writer, agent, receive, transport.send)
             if transport.stderr is not None:
                 nursery.start_soon(self._agent_stderr, agent, transport.stderr)
@@ -2037,6 +2006,7 @@ class Bridge:
         relay = self._relay_update
         try:
             while data := await stream.receive_some(READ_CHUNK):
+                n = 0
                 for n, line in enumerate(decoder.feed(data), 1):
                     # Most lines are session updates, relayed without a coroutine each.
                     if not relay(agent, line):
@@ -2045,6 +2015,10 @@ class Bridge:
                         # One read can hold hundreds of lines: let the others in between
                         # (no line of the chunk is dropped on cancellation).
                         await trio.lowlevel.cancel_shielded_checkpoint()
+                if n % READER_TURN_LINES or not n:
+                    # (A read of a pipe with data waiting does not yield: this one does, so
+                    # an agent that never stops writing never holds the others up.)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -2642,9 +2616,11 @@ async def serve_client_stream(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_pump_then_cancel, client, send, nursery.cancel_scope)
             try:
-                while data := await receive.receive_some(READ_CHUNK):
+                while data := await pipes.receive_some(receive, READ_CHUNK):
                     for line in decoder.feed(data):
                         await bridge.handle_client_line(client, line)
+                    # (A read of a pipe with data waiting does not yield: this one does.)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 rest = decoder.feed_eof()
                 if rest is not None:
                     await bridge.handle_client_line(client, rest)

@@ -1,0 +1,64 @@
+"""
+Pipe I/O with one scheduler round less per hop.
+
+trio's ``FdStream.send_all`` and ``receive_some`` begin with a checkpoint: a whole round of
+the scheduler before the bytes move. On a busy bridge a round is a turn of every flooding
+agent reader, and a request's round trip crosses four such hops. These helpers move the
+bytes at once when the pipe allows, and wait (``wait_readable`` / ``send_all``) only when it
+does not. Streams that are not pipes (memory streams in tests, sockets) get the stream's own
+calls unchanged.
+
+Callers own fairness: a read that finds data does not yield, so a reader of a pipe that is
+never empty must yield by itself between reads (the bridge's readers do). Cancellation is
+still noticed at every call (``checkpoint_if_cancelled``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+
+def pipe_fd(stream: trio.abc.SendStream | trio.abc.ReceiveStream) -> int | None:
+    """The file descriptor of a pipe stream (trio's ``FdStream``: non-blocking), else None."""
+    return stream.fileno() if isinstance(stream, trio.lowlevel.FdStream) else None
+
+
+def write_now(fd: int, data: bytes) -> int:
+    """
+    Write what a non-blocking pipe takes now, without waiting; 0 on any error (the stream's
+    own ``send_all`` then meets the error and raises it the way trio does).
+    """
+    try:
+        return os.write(fd, data)
+    except OSError:
+        return 0
+
+
+async def send_all(stream: trio.abc.SendStream, data: bytes) -> None:
+    """``stream.send_all(data)``; to a pipe, the bytes are offered at once first."""
+    fd = pipe_fd(stream)
+    if fd is not None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sent = write_now(fd, data)
+        if sent == len(data):
+            return
+        data = data[sent:]
+    await stream.send_all(data)
+
+
+async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
+    """``stream.receive_some(max_bytes)``; from a pipe, what is there now, else the next data."""
+    fd = pipe_fd(stream)
+    if fd is not None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                return os.read(fd, max_bytes)
+            except BlockingIOError:
+                pass
+            except OSError:
+                break  # closed or broken: the stream's own call raises the proper error
+            await trio.lowlevel.wait_readable(fd)
+    return await stream.receive_some(max_bytes)

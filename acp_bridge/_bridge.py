@@ -299,15 +299,16 @@ class ClientLink:
         self._finished = True
         self._writer_lot.unpark_all()
 
-    def _put(self, data: bytes) -> None:
+    def _put(self, data: bytes, *, direct: bool = True) -> None:
         self._counters["to_client"] += 1
         if self._tracer is not None:
             self._tracer(self._link, "out", data)
         if self._writer_lot:
             # The writer is idle, so nothing is queued or being written: a pipe gets the
             # bytes at once (one scheduler round less per hop); what it does not take now
-            # is queued for the writer as usual.
-            if self._fd is not None:
+            # is queued for the writer as usual. Not for a stream of updates (``direct``
+            # False): queued, they leave in one write per burst instead of one per update.
+            if direct and self._fd is not None:
                 sent = pipes.write_now(self._fd, data)
                 if sent == len(data):
                     return
@@ -371,6 +372,11 @@ class ClientLink:
             return False
         self._put(data)
         return True
+
+    def put_update(self, data: bytes) -> None:
+        """Queue a relayed update when :meth:`has_room` said so: never waits, never writes."""
+        if not self.closed:
+            self._put(data, direct=False)
 
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -2063,7 +2069,7 @@ class Bridge:
         if client is not None:
             if client.want_seq:
                 data = dumps(msg)
-            client.send_nowait(data)
+            client.put_update(data)
         return True
 
     async def _agent_line(self, agent: AgentLink, line: bytes | Oversize) -> None:

@@ -261,7 +261,10 @@ class ClientLink:
         #: no more output will be queued (finished, or closed): the writer ends once empty
         self._finished = False
         self._writer_lot = trio.lowlevel.ParkingLot()  # the writer waits here for output
-        self._room_lot = trio.lowlevel.ParkingLot()  # senders wait here for room
+        #: senders waiting for room, in order, with their bytes (the writer queues them)
+        self._senders: collections.OrderedDict[trio.lowlevel.Task, bytes] = (
+            collections.OrderedDict()
+        )
         #: the pipe the writer writes to (stdio), when it is one: see :meth:`_put`
         self._fd: int | None = None
         #: requests the bridge sent to this client (forwarded agent requests)
@@ -347,19 +350,29 @@ class ClientLink:
         await self._send_when_room(data, None if self.blocking else REPLY_SEND_TIMEOUT)
 
     async def _send_when_room(self, data: bytes, wait: float | None) -> None:
+        """
+        Queue ``data`` once there is room, first come first served: a waiting sender parks
+        with its bytes and the writer moves them into the queue as it frees room, in the
+        order they came (so while the queue is full, any sender waits behind the others:
+        a probe's answer is never overtaken forever by flooding readers).
+        """
         if self.closed:
+            return
+        if len(self._queue) < self._limit:  # (never while others wait: they fill it)
+            self._put(data)
             return
         timeout = wait if wait is not None else float("inf")
         with trio.move_on_after(timeout) as waiting:
-            while len(self._queue) >= self._limit and not self.closed:
-                await self._room_lot.park()
-            await trio.lowlevel.checkpoint_if_cancelled()
-        if not self.link_open():
-            return  # (closed while it waited)
-        if waiting.cancelled_caught:
+            task = trio.lowlevel.current_task()
+            self._senders[task] = data
+
+            def abort(_: object) -> trio.lowlevel.Abort:
+                del self._senders[task]
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        if waiting.cancelled_caught and self.link_open():
             self.close(f"client is not reading: outbound queue full for {timeout:g}s")
-            return
-        self._put(data)
 
     def link_open(self) -> bool:
         return not self.closed
@@ -394,7 +407,9 @@ class ClientLink:
             self.close_reason = reason
             self.log.info("client_closed", reason=reason)
             self.finish()
-            self._room_lot.unpark_all()
+            for task in self._senders:  # (what they would have sent is dropped)
+                trio.lowlevel.reschedule(task)
+            self._senders.clear()
             self.closed_event.set()
 
     async def _take(self, max_bytes: int) -> list[bytes]:
@@ -416,8 +431,11 @@ class ClientLink:
                 data = queue.popleft()
                 batch.append(data)
                 size += len(data)
-        if self._room_lot:
-            self._room_lot.unpark_all()
+        senders = self._senders
+        while senders and len(queue) < self._limit:
+            task, data = senders.popitem(last=False)
+            self._put(data, direct=False)
+            trio.lowlevel.reschedule(task)
         return batch
 
     async def pump(self, stream: trio.abc.SendStream) -> None:

@@ -142,7 +142,7 @@ class Target:
 
     def __init__(self, scratch: Path, key: str, *, kind: str, config: str = "") -> None:
         self.key = key
-        self.kind = kind  # "direct" | "stdio" | "ws"
+        self.kind = kind  # "direct" | "relay" | "stdio" | "ws"
         self.dir = scratch / key
         self.dir.mkdir(parents=True)
         self.log_path = self.dir / "stderr.log"
@@ -163,6 +163,8 @@ class Target:
         env["XDG_STATE_HOME"] = str(self.dir / "state")
         if self.kind == "direct":
             argv = agent_argv()
+        elif self.kind == "relay":
+            argv = [sys.executable, "-m", "bench.naive_relay", *agent_argv()]
         else:
             sub = "stdio" if self.kind == "stdio" else "serve"
             argv = [sys.executable, "-m", "acp_bridge", sub, "--config", str(self.config_path)]
@@ -283,6 +285,7 @@ def latency_summary(seconds: list[float]) -> dict[str, float]:
 #: key → (label, runs taken: "main" variants get --reps runs, the others one).
 THROUGHPUT_VARIANTS = {
     "direct": ("direct pipe", "main"),
+    "relay": ("naive trio relay (floor)", "main"),
     "stdio": ("bridge stdio", "main"),
     "ws": ("bridge serve, WebSocket", "main"),
     "ws_queue": ("serve, WebSocket, client_queue 2^20", "other"),
@@ -290,7 +293,7 @@ THROUGHPUT_VARIANTS = {
     "stdio_policy_journal_off": ("stdio, policy rules, journal off", "main"),
     "stdio_rewrite": ("stdio, sessionId rewritten", "other"),
 }
-ROUND_TRIP_VARIANTS = ("direct", "stdio", "ws")
+ROUND_TRIP_VARIANTS = ("direct", "relay", "stdio", "ws")
 SCALE_BATCH = 16
 #: A WebSocket client is dropped when 1024 messages wait for it (default client_queue);
 #: a full-speed flood outruns the WebSocket writer, so the second WebSocket variant gives it
@@ -303,6 +306,7 @@ def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
     one = {"flood": ""}
     return {
         "direct": Target(scratch, "direct", kind="direct"),
+        "relay": Target(scratch, "relay", kind="relay"),
         "stdio": Target(scratch, "stdio", kind="stdio", config=config_text(one)),
         "ws": Target(scratch, "ws", kind="ws", config=config_text(one, websocket=True)),
         "ws_queue": Target(
@@ -430,7 +434,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
         else:
             rt[key] = {"label": label, "error": rt_errors.get(key)}
     base = rt["direct"]
-    for key in ("stdio", "ws"):
+    for key in ("relay", "stdio", "ws"):
         if "p50_us" in rt[key] and "p50_us" in base:
             rt[key]["added_p50_us"] = rt[key]["p50_us"] - base["p50_us"]
             rt[key]["added_p99_us"] = rt[key]["p99_us"] - base["p99_us"]

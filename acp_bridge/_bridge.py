@@ -2396,11 +2396,12 @@ class Bridge:
         if (
             client.closed
             and session is not None
-            and session.client is None
+            and (session.client is None or session.client is client)
             and session.state is SessionState.ACTIVE
         ):
-            # Its connection is gone and nobody has the session yet: keep the answer for
-            # whoever takes it back within the grace period (in its place in the stream).
+            # Its connection is gone (or closed and about to be detached: an overflow) and
+            # nobody else has the session: keep the answer for whoever takes it back within
+            # the grace period (in its place in the stream).
             if len(session.held_responses) < HELD_RESPONSES_MAX:
                 session.held_responses.append(
                     (self._history(session).last_seq, entry.origin_id, dumps(msg))

@@ -25,6 +25,11 @@ def pipe_fd(stream: trio.abc.SendStream | trio.abc.ReceiveStream) -> int | None:
     return stream.fileno() if isinstance(stream, trio.lowlevel.FdStream) else None
 
 
+def socket_fd(stream: trio.abc.SendStream) -> int | None:
+    """The file descriptor of a plain TCP stream (non-blocking; not TLS), else None."""
+    return stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+
+
 def write_now(fd: int, data: bytes) -> int:
     """
     Write what a non-blocking pipe takes now, without waiting; 0 on any error (the stream's

@@ -70,6 +70,7 @@ import structlog
 import trio
 import trio_websocket
 
+from acp_bridge import _pipes as pipes
 from acp_bridge._config import ConfigError, default_state_dir
 from acp_bridge._jsonrpc import JsonRpcError, loads
 from acp_bridge._redact import REDACTOR
@@ -660,6 +661,7 @@ class _ReplayStream(trio.abc.Stream):
         self._prefix = prefix
         self._send_timeout = send_timeout
         self._write_lock = trio.StrictFIFOLock()
+        self._fd = pipes.socket_fd(stream)
         self.stalled = False
         self.broken = False
         #: the close frame went out (written by trio-websocket): no data frame may follow
@@ -683,11 +685,31 @@ class _ReplayStream(trio.abc.Stream):
         """
         Write each message (a JSON line, its newline dropped) as one unfragmented text frame,
         all in one write. False, writing nothing, once the close frame is out.
+
+        When no other write is under way, the socket is offered the frames at once (no
+        scheduler round before the bytes move: a round trip's last hop); the rest, if the
+        socket does not take it all, is written as usual.
         """
+        frames = text_frames(messages)
+        if self._fd is not None and not self.broken:
+            try:
+                self._write_lock.acquire_nowait()
+            except trio.WouldBlock:
+                pass
+            else:
+                try:
+                    if self.close_sent:
+                        return False
+                    sent = pipes.write_now(self._fd, frames)
+                    if sent < len(frames):
+                        await self._write(frames[sent:])
+                    return True
+                finally:
+                    self._write_lock.release()
         async with self._write_lock:
             if self.close_sent:
                 return False
-            await self._write(text_frames(messages))
+            await self._write(frames)
             return True
 
     async def _write(self, data: bytes | bytearray | memoryview) -> None:

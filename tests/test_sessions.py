@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import trio
 import trio.testing
@@ -381,3 +382,42 @@ async def test_a_session_whose_creator_left_before_the_answer_expires(autojump_c
         await trio.sleep(10)
         assert bridge.sessions.get("s1") is None
         assert [m for m in a.received if m.get("method") == "session/close"]
+
+
+async def test_an_answer_for_a_link_closed_by_overflow_is_held_for_whoever_takes_the_session(
+    autojump_clock,
+):
+    """Regression: a non-blocking link closed because its queue stayed full still owns its
+    sessions until the transport lets go of it; an agent's answer arriving in between was
+    sent to the closed link and lost. Now it is held and given to the next connection."""
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, client_queue=4) as (client, bridge):
+        # A connection nobody reads from: its writer never runs, so its queue stays full.
+        stuck = bridge.open_client("stuck", blocking=False)
+
+        async def say(id_: int, method: str, params: dict) -> None:
+            line = json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params})
+            await bridge.handle_client_line(stuck, line.encode())
+
+        await say(1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        await say(2, "session/new", {"cwd": "/w", "mcpServers": []})
+        await trio.testing.wait_all_tasks_blocked()
+        [session] = [s for s in bridge.sessions if s.client is stuck]
+        await say(3, "session/prompt", {"sessionId": session.bridge_id, "prompt": [
+            {"type": "text", "text": "count 20"}
+        ]})  # fmt: skip
+        with trio.fail_after(30):
+            await stuck.closed_event.wait()
+            assert "queue full" in (stuck.close_reason or "")
+            # The agent goes on: the rest of its updates and then its answer come while
+            # the closed link still owns the session.
+            await trio.testing.wait_all_tasks_blocked()
+        assert session.client is stuck
+        await bridge.close_client(stuck, "connection lost")
+        assert session.client is None
+        result = await client.call(
+            "session/resume", {"sessionId": session.bridge_id, "cwd": "/w", "mcpServers": []}
+        )
+        assert result["_meta"]["acp_bridge"]["pending"] == [3]
+        answer = await client.wait_for(lambda m: m.get("id") == 3)
+        assert answer["result"]["stopReason"] == "end_turn"

@@ -6,10 +6,14 @@ The benchmark: the bridge against a direct client-agent pipe, side by side in on
 Scenarios (full size; ``--quick`` in brackets):
 
 - throughput: one session streams N = 200,000 [20,000] ``agent_message_chunk`` updates
-  through: a direct pipe; ``acp-bridge stdio`` (defaults; with 50 policy rules and the
-  journal on, then off; with its session id rewritten); ``acp-bridge serve`` over WebSocket
-  (defaults, and with a client_queue large enough for a whole run). Updates/s, best of
-  3 [1] runs interleaved across the variants (one run for the last two), ratio to direct;
+  through: a direct pipe; a naive trio relay that decodes every line (``bench.naive_relay``:
+  the floor for any trio process in the middle); ``acp-bridge stdio`` (defaults; with 50
+  policy rules and the journal on, then off; with its session id rewritten);
+  ``acp-bridge serve`` over WebSocket (defaults, and with a client_queue large enough for a
+  whole run). Updates/s, best of 3 [1] runs interleaved across the variants (one run for
+  the last two), ratio to direct; and the CPU time (user + system, all threads) of the
+  process in the middle per update, the least of its runs: a figure that depends far less
+  on what else the machine is doing than the rates do;
 - round trip: 2,000 [300] sequential ``session/set_mode``: p50/p99, direct vs bridge (stdio
   and WebSocket), and the latency the bridge adds;
 - scale: 50 agents x 10 sessions [5 x 4], 500 updates each, flooding at once through one
@@ -126,6 +130,13 @@ def config_text(
             )
     parts.append(extra)
     return "\n".join(parts)
+
+
+def read_cpu(pid: int) -> float:
+    """CPU seconds a process used so far, user and system, all its threads (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def read_rss(pid: int) -> int:
@@ -342,6 +353,8 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
     """
     made = _make_targets(s, scratch)
     runs: dict[str, list[float]] = {k: [] for k in made}
+    #: CPU time of the process in the middle (bridge or relay) per update, per run
+    cpu_per_update: dict[str, list[float]] = {k: [] for k in made}
     errors: dict[str, str] = {}
     sessions: dict[str, str] = {}
     latencies: dict[str, list[float]] = {}
@@ -391,12 +404,15 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
                     continue
                 try:
                     assert t.client is not None
+                    cpu_before = read_cpu(t.pid) if t.kind != "direct" else 0.0
                     count, elapsed = t.client.flood(
                         sessions[key], s.n, time.monotonic() + s.timeout
                     )
                     if count != s.n:
                         raise RuntimeError(f"{count} updates, expected {s.n}")
                     runs[key].append(s.n / elapsed)
+                    if t.kind != "direct":
+                        cpu_per_update[key].append((read_cpu(t.pid) - cpu_before) / s.n)
                     if key == "stdio":
                         rss_after.append(read_rss(t.pid))
                 except Exception as exc:
@@ -406,8 +422,10 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
     variants: dict[str, Any] = {}
     for key, (label, _) in THROUGHPUT_VARIANTS.items():
         best = max(runs[key]) if runs[key] else None
+        cpu = min(cpu_per_update[key]) if cpu_per_update[key] else None
         variants[key] = {
             "label": label,
+            "cpu_us_per_update": None if cpu is None else cpu * 1e6,
             "updates_per_s": best,
             "runs": runs[key],
             "ratio_to_direct": best / direct_best if best and direct_best else None,
@@ -681,6 +699,10 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
         value = _num(v["updates_per_s"]) if not v["error"] else _failed(v["error"])
         ratio = _num(v["ratio_to_direct"], "{:.2f}x")
         rows.append((f"throughput N={th['n']:,}", v["label"], "updates/s", value, ratio))
+    for v in th["variants"].values():
+        if v.get("cpu_us_per_update") is not None:
+            cpu = _num(v["cpu_us_per_update"], "{:.1f}")
+            rows.append(("throughput", v["label"], "CPU us/update", cpu, ""))
     rows.append(("throughput", "journal on vs off", "cost", _num(th["journal_cost"], "{:.1%}"), ""))
     rt = results["round_trip"]
     for v in rt["variants"].values():

@@ -562,6 +562,8 @@ class Bridge:
         self.sessions = SessionTable()
         self.clients: set[ClientLink] = set()
         self._nursery: trio.Nursery | None = None
+        #: set once :meth:`run` is ending: no task is started any more
+        self.stopping = False
         self._client_capabilities: JsonObject = {}
         #: timers: detached sessions' grace periods (key ("detach", session)) and approval
         #: deadlines (key ("ask", entry))
@@ -583,7 +585,10 @@ class Bridge:
                 await self._restore()
                 nursery.start_soon(self.journal.run)
             task_status.started(self)
-            await trio.sleep_forever()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.stopping = True
 
     async def _restore(self) -> None:
         """
@@ -641,7 +646,16 @@ class Bridge:
             )
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        """
+        Run ``fn(*args)`` in the bridge's nursery.
+
+        Raises:
+            JsonRpcError: the bridge is stopping (its nursery takes no new task; a connection
+                that ends during shutdown must not try).
+        """
         assert self._nursery is not None, "Bridge.run() is not running"
+        if self.stopping:
+            raise JsonRpcError(INTERNAL_ERROR, "the bridge is shutting down")
         self._nursery.start_soon(fn, *args)
 
     def open_client(self, name: str, *, blocking: bool) -> ClientLink:
@@ -714,7 +728,8 @@ class Bridge:
         await self.agent_log(
             agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
         )
-        if agent.state is AgentState.READY and ours:
+        if agent.state is AgentState.READY and ours and not self.stopping:
+            # (Stopping: the agents go with the bridge; nothing more is started.)
             if _has_session_cap(agent.capabilities, "close"):
                 self._spawn(self._close_quietly, agent, session.agent_id)
             else:
@@ -1663,6 +1678,8 @@ class Bridge:
                 if agent.start_error is not None and not self._is_ready(agent):
                     raise agent.start_error
                 continue
+            if self.stopping:
+                raise JsonRpcError(INTERNAL_ERROR, "the bridge is shutting down")
             delay = self._restart_delay(agent)
             agent.state = AgentState.STARTING
             agent.settled = trio.Event()

@@ -33,12 +33,12 @@ import pytest
 import trio
 import trio.testing
 
-from acp_bridge._agent import make_subprocess_launcher
+from acp_bridge._agent import make_in_process_launcher, make_subprocess_launcher
 from acp_bridge._bridge import AgentState, Bridge, serve_client_stream
 from acp_bridge._config import AgentConfig, BridgeConfig, Config
 from acp_bridge._routing import SessionState
 
-from .fakes import AgentCrash, FakeAgent, TestClient, connect, open_bridge
+from .fakes import AgentCrash, FakeAgent, TestClient, connect, make_config, open_bridge
 from .test_e2e import agent_pids, alive, open_bridge_process, wait_gone
 
 if TYPE_CHECKING:
@@ -869,3 +869,38 @@ async def test_after_a_restart_a_new_session_does_not_capture_a_stored_one(tmp_p
             assert texts(client.received, old) == ["count 3", "a:s1:0", "a:s1:1", "a:s1:2"]
             listed = (await client.call("session/list", {}))["sessions"]
             assert {old, new} <= {s["sessionId"] for s in listed}
+
+
+# -- regression: a connection that closes while the bridge stops ---------------------------------
+
+
+async def test_a_connection_closing_after_the_bridge_stopped_detaches_without_a_new_task():
+    """With ``detach_grace = 0`` a closing connection's sessions expire at once, which closes
+    them at their agent in a task of the bridge. When the connection ends after the bridge
+    itself stopped (shutdown: siblings unwinding in any order), that task cannot start: the
+    close is skipped (the agents go with the bridge) instead of raising "Nursery is closed to
+    new arrivals" out of the connection's cleanup."""
+    agent = FakeAgent("a")
+    config = make_config({"a": agent}, detach_grace=0.0)
+    bridge = Bridge(config, make_in_process_launcher({"a": agent}))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            bridge_scope = trio.CancelScope()
+            bridge_done = trio.Event()
+
+            async def run_bridge(*, task_status: trio.TaskStatus[None]) -> None:
+                with bridge_scope:
+                    await bridge.run(task_status=task_status)
+                bridge_done.set()
+
+            await nursery.start(run_bridge)
+            client = await connect(bridge, nursery)
+            sid = await client.new_session()
+            assert bridge.sessions.get(sid) is not None
+            bridge_scope.cancel()
+            await bridge_done.wait()
+            await client.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            assert not bridge.clients
+            assert bridge.sessions.get(sid) is None  # expired, not left behind
+            nursery.cancel_scope.cancel()

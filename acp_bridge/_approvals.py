@@ -352,9 +352,9 @@ class Approvals:
                 )
         if answer_agent:
             if error is not None:
-                agent.send_nowait(dumps({"jsonrpc": "2.0", "id": entry.origin_id, "error": error}))
+                agent.answer(dumps({"jsonrpc": "2.0", "id": entry.origin_id, "error": error}))
             else:
-                agent.send_nowait(
+                agent.answer(
                     dumps(result(entry.origin_id, {"outcome": outcome or {"outcome": "cancelled"}}))
                 )
         verdict, option_id = _verdict(outcome or {}, ask.request)
@@ -408,7 +408,7 @@ class Approvals:
         detail: str | None = None,
     ) -> None:
         """Answer the agent at once (rule or unattended): nothing is shown to anyone."""
-        agent.send_nowait(dumps(result(agent_id, {"outcome": outcome})))
+        agent.answer(dumps(result(agent_id, {"outcome": outcome})))
         verdict, option_id = _verdict(outcome, req)
         self.counts[f"{verdict}:{source}"] += 1
         await self.audit.record(

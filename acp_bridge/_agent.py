@@ -350,19 +350,23 @@ def make_in_process_launcher(
         if wants_stderr:
             fn.stderr = stderr_send  # type: ignore[attr-defined]
         status: int | None = 0
-        async with trio.open_nursery() as nursery:
+        killed = trio.CancelScope()
 
-            def kill() -> None:
-                nonlocal status
-                status = -signal.SIGKILL
-                nursery.cancel_scope.cancel()
+        def kill() -> None:
+            nonlocal status
+            status = -signal.SIGKILL
+            killed.cancel()
+
+        async with trio.open_nursery() as nursery:
 
             async def run() -> None:
                 nonlocal status
                 try:
-                    await fn(to_agent_recv, from_agent_send)
+                    with killed:  # (its own scope: a crash at the moment of the kill is a crash)
+                        await fn(to_agent_recv, from_agent_send)
                 except Exception:
-                    status = 1
+                    if not killed.cancel_called:
+                        status = 1
                 finally:
                     with trio.CancelScope(shield=True):
                         await from_agent_send.aclose()

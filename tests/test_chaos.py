@@ -1143,3 +1143,36 @@ async def test_a_256_mib_line_from_a_real_agent_costs_no_memory_and_is_answered_
         f"was sent (the line itself included), bridge RSS +{growth} KiB"
     )
     assert growth < 16 * 1024
+
+
+async def test_an_in_process_agent_crashing_as_it_is_killed_is_a_death_not_an_error():
+    """Regression (found by the agent-stream fuzzer once agents could be killed): a fake agent
+    whose task crashed while the kill was cancelling it raised its crash out of the
+    in-process launcher, and with it out of the bridge. It is now a death with the kill's
+    status."""
+
+    async def agent(receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def dies_hard() -> None:
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    raise AgentCrash("crashing while being killed")
+
+            nursery.start_soon(dies_hard)
+            await trio.sleep_forever()
+
+    launcher = make_in_process_launcher({"a": agent})
+    config = AgentConfig(name="a", command="fake")
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            status: list[int | None] = []
+
+            async def launch(*, task_status: trio.TaskStatus[Any]) -> None:
+                status.append(await launcher(config, task_status=task_status))
+
+            transport = await nursery.start(launch)
+            await trio.testing.wait_all_tasks_blocked()
+            transport.kill()
+    assert status == [-signal.SIGKILL]

@@ -455,6 +455,11 @@ class AgentLink:
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def running(self) -> bool:
+        """A process of it is up (its input is open): between its start and its exit."""
+        return self._send is not None
+
     def send_nowait(self, data: bytes) -> bool:
         """
         Queue a request or a notification for the agent; False if it is not running or its

@@ -326,3 +326,64 @@ def test_audit_command_prints_the_trail(capsys):
     assert main(["audit", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["source"] for r in rows] == ["reads", "timeout"]
+
+
+async def test_a_permission_asked_as_the_client_drops_is_shown_to_the_next_one(
+    tmp_path, monkeypatch
+):
+    """Regression (found by the soak): an edit's permission request reads the files' digests
+    in a thread before it is shown; a client that dropped meanwhile was still shown it (on a
+    dead connection), so the request was never shown to the connection that took the
+    session back, and waited for ask_timeout (60 s in the soak) to be denied. It is now kept
+    for the next owner (or shown to the current one)."""
+    import threading
+
+    from acp_bridge import _approvals
+
+    from .fakes import connect
+
+    hashing, release = threading.Event(), threading.Event()
+    real_hash = _approvals._hash_files
+
+    def slow_hash(paths):
+        hashing.set()
+        release.wait(10)
+        return real_hash(paths)
+
+    monkeypatch.setattr(_approvals, "_hash_files", slow_hash)
+    agent = FakeAgent("a")
+    target = str(tmp_path / "f.txt")
+    with trio.fail_after(10):
+        async with open_bridge({"a": agent}, detach_grace=30.0) as (client, bridge):
+            sid = (await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))[
+                "sessionId"
+            ]
+            ask = {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "session/request_permission",
+                "params": permission(sid, paths=[target]),
+            }
+            await agent.write(ask)
+            await trio.to_thread.run_sync(hashing.wait)
+            try:
+                await client.disconnect()
+                await trio.testing.wait_all_tasks_blocked()
+                assert bridge.sessions.get(sid).client is None  # detached meanwhile
+            finally:
+                release.set()
+            async with trio.open_nursery() as nursery:
+                back = await connect(bridge, nursery, name="back")
+                resumed = await back.request(
+                    "session/resume", {"sessionId": sid, "cwd": str(tmp_path), "mcpServers": []}
+                )
+                assert "result" in resumed, resumed
+                with trio.fail_after(2):
+                    shown = await back.agent_requests.receive()
+                assert shown["method"] == "session/request_permission"
+                allow = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+                await back.send({"jsonrpc": "2.0", "id": shown["id"], "result": allow})
+                await trio.testing.wait_all_tasks_blocked()
+                [answer] = [m for m in agent.received if m.get("id") == 7]
+                assert outcome_of(answer) == {"outcome": "selected", "optionId": "yes"}
+                nursery.cancel_scope.cancel()

@@ -353,18 +353,23 @@ async def test_a_permission_asked_as_the_client_drops_is_shown_to_the_next_one(
     monkeypatch.setattr(_approvals, "_hash_files", slow_hash)
     agent = FakeAgent("a")
     target = str(tmp_path / "f.txt")
+    answers = []
+    answered = trio.Event()
+
+    async def ask(sid):
+        answers.append(
+            await agent.call("session/request_permission", permission(sid, paths=[target]))
+        )
+        answered.set()
+
     with trio.fail_after(10):
-        async with open_bridge({"a": agent}, detach_grace=30.0) as (client, bridge):
-            sid = (await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))[
-                "sessionId"
-            ]
-            ask = {
-                "jsonrpc": "2.0",
-                "id": 7,
-                "method": "session/request_permission",
-                "params": permission(sid, paths=[target]),
-            }
-            await agent.write(ask)
+        async with (
+            open_bridge({"a": agent}, detach_grace=30.0) as (client, bridge),
+            trio.open_nursery() as nursery,
+        ):
+            new = {"cwd": str(tmp_path), "mcpServers": []}
+            sid = (await client.call("session/new", new))["sessionId"]
+            nursery.start_soon(ask, sid)
             await trio.to_thread.run_sync(hashing.wait)
             try:
                 await client.disconnect()
@@ -372,18 +377,14 @@ async def test_a_permission_asked_as_the_client_drops_is_shown_to_the_next_one(
                 assert bridge.sessions.get(sid).client is None  # detached meanwhile
             finally:
                 release.set()
-            async with trio.open_nursery() as nursery:
-                back = await connect(bridge, nursery, name="back")
-                resumed = await back.request(
-                    "session/resume", {"sessionId": sid, "cwd": str(tmp_path), "mcpServers": []}
-                )
-                assert "result" in resumed, resumed
-                with trio.fail_after(2):
-                    shown = await back.agent_requests.receive()
-                assert shown["method"] == "session/request_permission"
-                allow = {"outcome": {"outcome": "selected", "optionId": "yes"}}
-                await back.send({"jsonrpc": "2.0", "id": shown["id"], "result": allow})
-                await trio.testing.wait_all_tasks_blocked()
-                [answer] = [m for m in agent.received if m.get("id") == 7]
-                assert outcome_of(answer) == {"outcome": "selected", "optionId": "yes"}
-                nursery.cancel_scope.cancel()
+            back = await connect(bridge, nursery, name="back")
+            resumed = await back.request("session/resume", {**new, "sessionId": sid})
+            assert "result" in resumed, resumed
+            with trio.fail_after(2):
+                shown = await back.agent_requests.receive()
+            assert shown["method"] == "session/request_permission"
+            allow = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+            await back.send({"jsonrpc": "2.0", "id": shown["id"], "result": allow})
+            await answered.wait()
+            assert outcome_of(answers[0]) == {"outcome": "selected", "optionId": "yes"}
+            nursery.cancel_scope.cancel()

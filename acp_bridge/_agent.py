@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import shlex
 import shutil
@@ -45,6 +46,9 @@ class AgentTransport:
     #: the agent's stderr (diagnostics), when it has one
     stderr: trio.abc.ReceiveStream | None = None
     pid: int | None = None
+    #: kill the agent at once (SIGKILL to its process group), not gracefully: for an agent
+    #: that broke the protocol or stopped reading; its exit then takes the usual path
+    kill: Callable[[], None] | None = None
 
 
 class Launcher(Protocol):
@@ -261,7 +265,13 @@ def make_subprocess_launcher(
         stderr = _Watched(proc.stderr) if proc.stderr is not None else None
         try:
             task_status.started(
-                AgentTransport(send=proc.stdin, receive=stdout, stderr=stderr, pid=pid)
+                AgentTransport(
+                    send=proc.stdin,
+                    receive=stdout,
+                    stderr=stderr,
+                    pid=pid,
+                    kill=functools.partial(_kill_running, proc),
+                )
             )
             status = await proc.wait()
             # It exited by itself: what it wrote last (an answer, a traceback) is still in
@@ -282,6 +292,12 @@ def make_subprocess_launcher(
                     await reaper.unregister(pid)
 
     return launch_subprocess
+
+
+def _kill_running(proc: trio.Process) -> None:
+    """SIGKILL an agent's process group, unless the agent was reaped (its pid may be reused)."""
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGKILL)
 
 
 async def _stop_process(proc: trio.Process, grace: float) -> None:
@@ -343,14 +359,23 @@ def make_in_process_launcher(
         if wants_stderr:
             fn.stderr = stderr_send  # type: ignore[attr-defined]
         status: int | None = 0
+        killed = trio.CancelScope()
+
+        def kill() -> None:
+            nonlocal status
+            status = -signal.SIGKILL
+            killed.cancel()
+
         async with trio.open_nursery() as nursery:
 
             async def run() -> None:
                 nonlocal status
                 try:
-                    await fn(to_agent_recv, from_agent_send)
+                    with killed:  # (its own scope: a crash at the moment of the kill is a crash)
+                        await fn(to_agent_recv, from_agent_send)
                 except Exception:
-                    status = 1
+                    if not killed.cancel_called:
+                        status = 1
                 finally:
                     with trio.CancelScope(shield=True):
                         await from_agent_send.aclose()
@@ -362,6 +387,7 @@ def make_in_process_launcher(
                     send=to_agent_send,
                     receive=from_agent_recv,
                     stderr=stderr_recv if wants_stderr else None,
+                    kill=kill,
                 )
             )
         return status

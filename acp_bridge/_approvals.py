@@ -168,8 +168,14 @@ class Approvals:
                     toolCallId=req.tool_call_id,
                 )
             return
+        life = agent.starts
         digests = await self._digests(session, req) if req.kind == "edit" and req.paths else None
         entry = Forwarded(agent, agent_id, PERMISSION, session, params, Ask(req, digests))
+        # Reading the digests took a round through a thread: the process that asked may have
+        # died, and the client may have gone (or another taken the session) meanwhile.
+        if not agent.running or agent.starts != life:
+            await self.agent_gone(entry)
+            return
         journal = self._bridge.journal
         if journal is not None:
             ask = entry.extra
@@ -179,7 +185,14 @@ class Approvals:
         self._bridge.deadlines.schedule(
             ("ask", entry), deadline, functools.partial(self.timed_out, entry)
         )
-        await self.show(entry, client)
+        if self._bridge.sessions.get(session.bridge_id) is not session:
+            await self.unattended(entry, "session_closed")  # closed or deleted meanwhile
+            return
+        owner = session.client
+        if owner is None or owner.closed:
+            session.parked.append(entry)  # shown to whoever takes the session back
+            return
+        await self.show(entry, owner)
 
     async def show(self, entry: Forwarded, client: ClientLink, *, note: str | None = None) -> None:
         """Put a request to a client (first time, after a reattach, or asked again)."""
@@ -352,9 +365,9 @@ class Approvals:
                 )
         if answer_agent:
             if error is not None:
-                agent.send_nowait(dumps({"jsonrpc": "2.0", "id": entry.origin_id, "error": error}))
+                agent.answer(dumps({"jsonrpc": "2.0", "id": entry.origin_id, "error": error}))
             else:
-                agent.send_nowait(
+                agent.answer(
                     dumps(result(entry.origin_id, {"outcome": outcome or {"outcome": "cancelled"}}))
                 )
         verdict, option_id = _verdict(outcome or {}, ask.request)
@@ -408,7 +421,7 @@ class Approvals:
         detail: str | None = None,
     ) -> None:
         """Answer the agent at once (rule or unattended): nothing is shown to anyone."""
-        agent.send_nowait(dumps(result(agent_id, {"outcome": outcome})))
+        agent.answer(dumps(result(agent_id, {"outcome": outcome})))
         verdict, option_id = _verdict(outcome, req)
         self.counts[f"{verdict}:{source}"] += 1
         await self.audit.record(

@@ -11,7 +11,11 @@ Tasks (all in the nursery of :meth:`Bridge.run`):
 Backpressure:
     Client → agent hand-offs never wait: each agent has a bounded queue, and a request that
     finds it full is answered with an error at once (a stalled agent never blocks the client's
-    other sessions). Agent → client hand-offs wait for room on a *blocking* link (stdio: the one
+    other sessions); a notification that finds it full is reported to its client. Answers to
+    the agent's own requests are never refused for a full queue: they have a reserve as large
+    again, and an agent that lets even that fill up has stopped reading: it is killed, and
+    everything waiting on it answered (the same happens to an agent that writes a line over
+    ``max_line_bytes``). Agent → client hand-offs wait for room on a *blocking* link (stdio: the one
     client must read what it asked for; nothing is dropped) and disconnect a *non-blocking* link
     whose queue is full (a slow WebSocket observer never stalls anyone else).
 """
@@ -519,32 +523,97 @@ class AgentLink:
     log_tokens: float = LOG_BURST
     log_stamp: float = 0.0
     log_suppressed: int = 0
+    #: why the bridge killed this life of the agent (:meth:`fail`), None: it was not
+    failure: str | None = None
+    #: kills the running process at once (from its transport)
+    kill: Callable[[], None] | None = None
 
     @property
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def running(self) -> bool:
+        """A process of it is up (its input is open): between its start and its exit."""
+        return self._send is not None
+
     def send_nowait(self, data: bytes) -> bool:
-        """Queue bytes for the agent; False if it is not running or its queue is full."""
-        if self._send is None:
+        """
+        Queue a request or a notification for the agent; False if it is not running or its
+        queue (``agent_queue`` messages) is full.
+        """
+        send = self._send
+        if send is None:
+            return False
+        queued = send.statistics()
+        if queued.current_buffer_used >= self.queue_size:
             return False
         self.counters["to_agent"] += 1
         if self.tracer is not None:
             self.tracer(f"agent:{self.config.name}", "out", data)
-        if self._fd is not None:
-            idle = self._send.statistics()
-            if not idle.current_buffer_used and idle.tasks_waiting_receive:
-                # Its writer waits for output, so nothing is queued or being written: the
-                # agent's stdin gets the bytes at once; the rest is queued as usual.
-                sent = pipes.write_now(self._fd, data)
-                if sent == len(data):
-                    return True
-                data = data[sent:]
+        data = self._write_if_idle(data, queued)
+        if not data:
+            return True
         try:
-            self._send.send_nowait(data)
+            send.send_nowait(data)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
+
+    def _write_if_idle(self, data: bytes, queued: trio.MemoryChannelStatistics) -> bytes:
+        """
+        When the writer waits for output (nothing queued or being written), the agent's
+        stdin pipe gets the bytes at once (one scheduler round less); what remains is queued
+        by the caller as usual (b"": all written).
+        """
+        if self._fd is None or queued.current_buffer_used or not queued.tasks_waiting_receive:
+            return data
+        return data[pipes.write_now(self._fd, data) :]
+
+    def answer(self, data: bytes) -> bool:
+        """
+        Queue the answer to one of the agent's own requests (a client's answer, the bridge's
+        decision or error). An answer is never refused for a full queue: answers have a
+        reserve of another ``agent_queue`` messages. When even that is full, the agent has
+        not read its input for that long: it is stopped as stalled (:meth:`fail`) — killed,
+        so no answer it waits for is silently missing, and every request waiting on it is
+        answered with the reason. False: not queued (not running, or stalled).
+        """
+        send = self._send
+        if send is None:
+            return False
+        self.counters["to_agent"] += 1
+        if self.tracer is not None:
+            self.tracer(f"agent:{self.config.name}", "out", data)
+        data = self._write_if_idle(data, send.statistics())
+        if not data:
+            return True
+        try:
+            send.send_nowait(data)
+        except trio.WouldBlock:
+            self.fail(
+                f"it stopped reading its input ({send.statistics().current_buffer_used} "
+                "messages waiting for it, answers to its own requests among them)"
+            )
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    def fail(self, reason: str) -> None:
+        """
+        The agent broke the protocol or stalled: kill its process at once (SIGKILL to the
+        group). Its exit then takes the usual path (every request waiting on it answered,
+        its sessions ended, a restart at the next ``session/new``), with ``reason`` in the
+        errors.
+        """
+        if self._send is None:
+            return
+        if self.failure is None:
+            self.failure = reason
+            logger.error("agent_failed", agent=self.name, reason=reason)
+        if self.kill is not None:
+            self.kill()
 
     def queue_depth(self) -> int:
         return self._send.statistics().current_buffer_used if self._send is not None else 0
@@ -554,6 +623,8 @@ class AgentLink:
         data: JsonObject = {"agent": self.name, "stderrTail": tail}
         if self.exit_status is not None:
             data["exitStatus"] = self.exit_status
+        if self.failure is not None:
+            data["stoppedBecause"] = self.failure
         return data
 
     def describe(self) -> JsonObject:
@@ -648,6 +719,8 @@ class Bridge:
         self.sessions = SessionTable()
         self.clients: set[ClientLink] = set()
         self._nursery: trio.Nursery | None = None
+        #: set once :meth:`run` is ending: no task is started any more
+        self.stopping = False
         self._client_capabilities: JsonObject = {}
         #: timers: detached sessions' grace periods (key ("detach", session)) and approval
         #: deadlines (key ("ask", entry))
@@ -669,7 +742,10 @@ class Bridge:
                 await self._restore()
                 nursery.start_soon(self.journal.run)
             task_status.started(self)
-            await trio.sleep_forever()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.stopping = True
 
     async def _restore(self) -> None:
         """
@@ -727,7 +803,16 @@ class Bridge:
             )
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        """
+        Run ``fn(*args)`` in the bridge's nursery.
+
+        Raises:
+            JsonRpcError: the bridge is stopping (its nursery takes no new task; a connection
+                that ends during shutdown must not try).
+        """
         assert self._nursery is not None, "Bridge.run() is not running"
+        if self.stopping:
+            raise JsonRpcError(INTERNAL_ERROR, "the bridge is shutting down")
         self._nursery.start_soon(fn, *args)
 
     def open_client(self, name: str, *, blocking: bool) -> ClientLink:
@@ -800,7 +885,8 @@ class Bridge:
         await self.agent_log(
             agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
         )
-        if agent.state is AgentState.READY and ours:
+        if agent.state is AgentState.READY and ours and not self.stopping:
+            # (Stopping: the agents go with the bridge; nothing more is started.)
             if _has_session_cap(agent.capabilities, "close"):
                 self._spawn(self._close_quietly, agent, session.agent_id)
             else:
@@ -1682,16 +1768,38 @@ class Bridge:
             target = client.inflight.get(request_id) if _is_id(request_id) else None
             if target is not None:
                 agent, bridge_id = target
-                agent.send_nowait(
-                    dumps(notification_msg("$/cancel_request", {"requestId": bridge_id}))
-                )
+                cancel = notification_msg("$/cancel_request", {"requestId": bridge_id})
+                if not agent.send_nowait(dumps(cancel)):
+                    self._not_delivered(client, agent, method, None)
         elif method.startswith("_") and isinstance(params.get("sessionId"), str):
             session = self.sessions.get(params["sessionId"])
             if session is not None:
                 if session.rewrite:
                     params["sessionId"] = session.agent_id
-                self.agents[session.agent].send_nowait(dumps(msg))
+                agent = self.agents[session.agent]
+                if not agent.send_nowait(dumps(msg)):
+                    self._not_delivered(client, agent, method, session)
         # Any other notification is ignored, as the spec asks.
+
+    def _not_delivered(
+        self, client: ClientLink, agent: AgentLink, method: str, session: Session | None
+    ) -> None:
+        """
+        A client's notification found its agent's queue full (or the agent gone): it cannot
+        be answered, so the client is told with a ``_acp_bridge/log`` warning instead.
+        """
+        self.log.warning("notification_not_delivered", agent=agent.name, method=method)
+        if _LEVEL_RANK["warning"] < _LEVEL_RANK[client.log_level]:
+            return
+        why = "is not running" if agent.state is not AgentState.READY else "has a full queue"
+        params: JsonObject = {"level": "warning", "logger": "acp_bridge"}
+        if session is not None:
+            params["sessionId"] = session.bridge_id
+        params["data"] = {
+            "message": f"{method} not delivered: agent {agent.name!r} {why}",
+            "agent": agent.name,
+        }
+        client.offer(dumps(notification_msg("_acp_bridge/log", params)))
 
     async def _cancel_session(
         self, client: ClientLink, msg: JsonObject, params: JsonObject
@@ -1704,7 +1812,7 @@ class Bridge:
         if session.rewrite:
             params["sessionId"] = session.agent_id
         if not agent.send_nowait(dumps(msg)):
-            self.log.warning("cancel_not_delivered", agent=agent.name, session=session.bridge_id)
+            self._not_delivered(client, agent, "session/cancel", session)
         await self._settle_permissions(session, "cancelled", "cancel")
 
     async def _settle_permissions(self, session: Session, outcome: str, reason: str) -> None:
@@ -1728,7 +1836,8 @@ class Bridge:
         assert isinstance(agent, AgentLink)
         agent.inflight.pop(entry.origin_id, None)
         msg["id"] = entry.origin_id
-        if not agent.send_nowait(dumps(msg)):
+        if not agent.answer(dumps(msg)):
+            # Not running any more (its requests died with it), or stalled (being stopped).
             self.log.warning("response_not_delivered", agent=agent.name, method=entry.method)
 
     # ------------------------------------------------------------------ agents
@@ -1749,6 +1858,8 @@ class Bridge:
                 if agent.start_error is not None and not self._is_ready(agent):
                     raise agent.start_error
                 continue
+            if self.stopping:
+                raise JsonRpcError(INTERNAL_ERROR, "the bridge is shutting down")
             delay = self._restart_delay(agent)
             agent.state = AgentState.STARTING
             agent.settled = trio.Event()
@@ -1785,6 +1896,7 @@ class Bridge:
             await trio.sleep(delay)
         agent.starts += 1
         agent.exit_status = None
+        agent.failure = None
         agent.exited = trio.Event()
         agent.stderr = StderrRing()
         log = self.log.bind(agent=agent.name)
@@ -1797,7 +1909,9 @@ class Bridge:
                 self._start_failed(agent, JsonRpcError(INTERNAL_ERROR, str(exc), exc.data))
                 return
             agent.pid = transport.pid
-            send, receive = trio.open_memory_channel[bytes](agent.queue_size)
+            agent.kill = transport.kill
+            # agent_queue for requests and notifications, as much again for answers (AgentLink)
+            send, receive = trio.open_memory_channel[bytes](2 * agent.queue_size)
             agent._send = send
             agent._fd = pipes.pipe_fd(transport.send)
             nursery.start_soon(self._agent_writer, agent, receive, transport.send)
@@ -1820,11 +1934,15 @@ class Bridge:
             await eof.wait()
             with trio.move_on_after(EXIT_STATUS_WAIT):
                 await agent.exited.wait()
-            log.warning("agent_exited", status=agent.exit_status)
+            log.warning("agent_exited", status=agent.exit_status, failure=agent.failure)
+            reason = "exited" if agent.failure is None else f"was stopped: {agent.failure}"
             await self.agent_log(
-                agent, "warning", f"agent exited (status {agent.exit_status})", stream=None
+                agent,
+                "warning" if agent.failure is None else "error",
+                f"agent {reason} (status {agent.exit_status})",
+                stream=None,
             )
-            await self._agent_gone(agent, reason="exited")
+            await self._agent_gone(agent, reason=reason)
             nursery.cancel_scope.cancel()
 
     async def _run_launcher(
@@ -1900,6 +2018,7 @@ class Bridge:
             agent.state = AgentState.DEAD
         agent._send = None
         agent._fd = None
+        agent.kill = None
         status = f" (status {agent.exit_status})" if agent.exit_status is not None else ""
         err = JsonRpcError(
             INTERNAL_ERROR, f"agent {agent.name!r} {reason}{status}", agent.failure_data()
@@ -2096,6 +2215,8 @@ class Bridge:
             self.tracer(f"agent:{agent.name}", "in", line)
         if isinstance(line, Oversize):
             self.log.warning("agent_line_oversize", agent=agent.name, size=line.size)
+            cap = self.config.bridge.max_line_bytes
+            agent.fail(f"it sent a line of {line.size} bytes, over max_line_bytes ({cap})")
             return
         try:
             msg = loads(line)
@@ -2119,7 +2240,7 @@ class Bridge:
             self.log.warning("agent_invalid_message", agent=agent.name)
             req_id = _id_of(msg)
             if req_id is not None:
-                agent.send_nowait(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
+                agent.answer(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
 
     async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
         """A session/update :meth:`_relay_update` left: maybe held, maybe waiting for room."""
@@ -2256,13 +2377,13 @@ class Bridge:
             # One request per id: a second would hide the first from the bookkeeping, and
             # its answer could then reach the agent's next process after a restart.
             duplicate = JsonRpcError.invalid_request(f"request id {agent_id!r} is in flight")
-            agent.send_nowait(dumps(error_msg(agent_id, duplicate)))
+            agent.answer(dumps(error_msg(agent_id, duplicate)))
             return
         sid = params.get("sessionId")
         session = self.sessions.find(agent.name, sid) if isinstance(sid, str) else None
         gate = _CLIENT_METHOD_GATES.get(method)
         if gate is None and not method.startswith("_"):
-            agent.send_nowait(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method))))
+            agent.answer(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method))))
             return
         if session is None:
             err = (
@@ -2270,7 +2391,7 @@ class Bridge:
                 if sid is not None
                 else JsonRpcError.method_not_found(method, "no session to route it by")
             )
-            agent.send_nowait(dumps(error_msg(agent_id, err)))
+            agent.answer(dumps(error_msg(agent_id, err)))
             return
         if method == "session/request_permission":
             await self.approvals.permission_request(agent, msg, params, session)
@@ -2288,7 +2409,7 @@ class Bridge:
             )
             return
         if gate is not None and not gate(client.capabilities):
-            agent.send_nowait(
+            agent.answer(
                 dumps(
                     error_msg(
                         agent_id,
@@ -2332,7 +2453,7 @@ class Bridge:
                 reason=exc.reason,
             )
             await self.approvals.file_refused(session, agent, msg["method"], path, exc)
-            agent.send_nowait(
+            agent.answer(
                 dumps(
                     error_msg(
                         msg["id"],
@@ -2355,7 +2476,7 @@ class Bridge:
         assert isinstance(agent, AgentLink)
         agent.inflight.pop(entry.origin_id, None)
         if entry.method == "elicitation/create":
-            agent.send_nowait(dumps(result_msg(entry.origin_id, {"action": "decline"})))
+            agent.answer(dumps(result_msg(entry.origin_id, {"action": "decline"})))
             if entry.session is not None:
                 await self.audit.record(
                     AuditRecord(
@@ -2368,7 +2489,7 @@ class Bridge:
                     )
                 )
         else:
-            agent.send_nowait(
+            agent.answer(
                 dumps(
                     error_msg(
                         entry.origin_id,

@@ -117,9 +117,11 @@ class BridgeConfig:
 
     Attributes:
         default_agent: the agent of a ``session/new`` that names none.
-        max_line_bytes: the longest protocol line accepted from any peer.
+        max_line_bytes: the longest protocol line accepted from any peer (a longer one from
+            an agent stops that agent).
         client_queue: bounded outbound queue to a client, in messages.
-        agent_queue: bounded outbound queue to an agent, in messages.
+        agent_queue: bounded outbound queue to an agent, in messages (requests and
+            notifications; answers to the agent's own requests have as much again).
         restart_backoff_initial: first delay before restarting a dead agent.
         restart_backoff_max: cap on that delay as it doubles.
         crash_loop_limit: restarts within ``crash_loop_window`` before giving up.

@@ -55,6 +55,8 @@ class Journal:
         self._deleted: list[str] = []
         self._pending_added: dict[str, tuple[str, str, str, str]] = {}
         self._pending_removed: list[str] = []
+        #: changes taken by the commit being written in the worker thread (not in the store yet)
+        self._writing = 0
         self._wake = trio.Event()
         self._committed = trio.Event()
         #: sessions whose journal lost entries to the backlog bound
@@ -118,6 +120,7 @@ class Journal:
             + len(self._deleted)
             + len(self._pending_added)
             + len(self._pending_removed)
+            + self._writing
         )
 
     def statistics(self) -> dict[str, object]:
@@ -132,13 +135,7 @@ class Journal:
 
     async def wait_committed(self) -> None:
         """Wait until everything recorded so far is in the store."""
-        while (
-            self._sessions
-            or self._runs
-            or self._deleted
-            or self._pending_added
-            or (self._pending_removed)
-        ):
+        while self.backlog():
             self._committed = trio.Event()
             self._wake.set()
             await self._committed.wait()
@@ -171,15 +168,19 @@ class Journal:
         added, self._pending_added = list(self._pending_added.values()), {}
         removed, self._pending_removed = self._pending_removed, []
         if sessions or entries or deleted or added or removed:
-            await trio.to_thread.run_sync(
-                lambda: self.store.write(
-                    sessions=sessions,
-                    journal_runs=[_row(run) for run in runs],
-                    deleted=deleted,
-                    pending_added=added,
-                    pending_removed=removed,
+            self._writing = len(sessions) + entries + len(deleted) + len(added) + len(removed)
+            try:
+                await trio.to_thread.run_sync(
+                    lambda: self.store.write(
+                        sessions=sessions,
+                        journal_runs=[_row(run) for run in runs],
+                        deleted=deleted,
+                        pending_added=added,
+                        pending_removed=removed,
+                    )
                 )
-            )
+            finally:
+                self._writing = 0
             self.commits += 1
             self.entries_written += entries
         self._committed.set()

@@ -592,7 +592,13 @@ class RawClient:
         elif msg["method"] in ("$/cancel_request", "_acp_bridge/permission_resolved"):
             params = msg.get("params")
             if isinstance(params, dict):
-                self.unanswered.pop(id_key(params.get("requestId")), None)
+                request = self.unanswered.pop(id_key(params.get("requestId")), None)
+                if request is not None and msg["method"] == "$/cancel_request":
+                    # A withdrawn request still gets one answer (ACP: the receiver MUST
+                    # respond, -32800 at the least): the agent that asked may be waiting.
+                    error = {"code": -32800, "message": "cancelled"}
+                    reply = {"jsonrpc": "2.0", "id": request["id"], "error": error}
+                    self.outbox.append(json.dumps(reply).encode() + b"\n")
 
     async def write(self, data: bytes) -> None:
         if self.closed:

@@ -326,3 +326,65 @@ def test_audit_command_prints_the_trail(capsys):
     assert main(["audit", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["source"] for r in rows] == ["reads", "timeout"]
+
+
+async def test_a_permission_asked_as_the_client_drops_is_shown_to_the_next_one(
+    tmp_path, monkeypatch
+):
+    """Regression (found by the soak): an edit's permission request reads the files' digests
+    in a thread before it is shown; a client that dropped meanwhile was still shown it (on a
+    dead connection), so the request was never shown to the connection that took the
+    session back, and waited for ask_timeout (60 s in the soak) to be denied. It is now kept
+    for the next owner (or shown to the current one)."""
+    import threading
+
+    from acp_bridge import _approvals
+
+    from .fakes import connect
+
+    hashing, release = threading.Event(), threading.Event()
+    real_hash = _approvals._hash_files
+
+    def slow_hash(paths):
+        hashing.set()
+        release.wait(10)
+        return real_hash(paths)
+
+    monkeypatch.setattr(_approvals, "_hash_files", slow_hash)
+    agent = FakeAgent("a")
+    target = str(tmp_path / "f.txt")
+    answers = []
+    answered = trio.Event()
+
+    async def ask(sid):
+        answers.append(
+            await agent.call("session/request_permission", permission(sid, paths=[target]))
+        )
+        answered.set()
+
+    with trio.fail_after(10):
+        async with (
+            open_bridge({"a": agent}, detach_grace=30.0) as (client, bridge),
+            trio.open_nursery() as nursery,
+        ):
+            new = {"cwd": str(tmp_path), "mcpServers": []}
+            sid = (await client.call("session/new", new))["sessionId"]
+            nursery.start_soon(ask, sid)
+            await trio.to_thread.run_sync(hashing.wait)
+            try:
+                await client.disconnect()
+                await trio.testing.wait_all_tasks_blocked()
+                assert bridge.sessions.get(sid).client is None  # detached meanwhile
+            finally:
+                release.set()
+            back = await connect(bridge, nursery, name="back")
+            resumed = await back.request("session/resume", {**new, "sessionId": sid})
+            assert "result" in resumed, resumed
+            with trio.fail_after(2):
+                shown = await back.agent_requests.receive()
+            assert shown["method"] == "session/request_permission"
+            allow = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+            await back.send({"jsonrpc": "2.0", "id": shown["id"], "result": allow})
+            await answered.wait()
+            assert outcome_of(answers[0]) == {"outcome": "selected", "optionId": "yes"}
+            nursery.cancel_scope.cancel()

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import random
 import sqlite3
+import threading
 
 import trio
 import trio.lowlevel
@@ -332,3 +333,41 @@ def test_sessions_command_lists_and_exports(capsys):
     assert main(["sessions", "export", "s1"]) == 0
     assert capsys.readouterr().out == (update * 2).decode()
     assert main(["sessions", "export", "nope"]) == 1
+
+
+class _SlowStore:
+    """A store whose ``write`` waits (in the journal's worker thread) until released."""
+
+    def __init__(self) -> None:
+        self.writing = threading.Event()
+        self.release = threading.Event()
+        self.written: list[int] = []
+
+    def write(self, *, journal: list[JournalEntry], **_: object) -> None:
+        self.writing.set()
+        self.release.wait(10)
+        self.written.append(len(journal))
+
+
+async def test_the_backlog_counts_a_commit_still_being_written():
+    """Regression: the journal took its entries out of the backlog before writing them, so
+    ``backlog`` (and ``_acp_bridge/status``) said 0 — "the store has everything" — while the
+    transaction was still running in its thread; a kill -9 then lost what status had called
+    committed (the kill -9 end-to-end test failed now and then on a loaded machine)."""
+    store = _SlowStore()
+    journal = Journal(store)  # type: ignore[arg-type]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(journal.run)
+            journal.entry("s1", 1, b"{}\n")
+            journal.entry("s1", 2, b"{}\n")
+            await trio.to_thread.run_sync(store.writing.wait)
+            try:
+                assert journal.backlog() == 2  # being written: not in the store yet
+                assert journal.statistics()["backlog"] == 2
+            finally:
+                store.release.set()
+            await journal.wait_committed()
+            assert journal.backlog() == 0
+            assert store.written == [2]
+            nursery.cancel_scope.cancel()

@@ -30,6 +30,7 @@ import io
 import json
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -116,10 +117,13 @@ def fuzz(name: str, test: Any) -> None:
     configured = settings(profile)(test)
     # Thousands of examples: debug logs (the suite's default) would cost more than they tell.
     configure_logging(level="warning", fmt="json", stream=sys.stderr)
+    before, started = EXAMPLES[name], time.monotonic()
     if "host" in inspect.signature(test).parameters:
         run_for_share(name, lambda: hosted(configured))
     else:
         run_for_share(name, configured)
+    took = time.monotonic() - started
+    print(f"\nfuzz {name}: {EXAMPLES[name] - before:,} examples in {took:.1f} s")
 
 
 def program_bytes(low: int, high: int) -> st.SearchStrategy[bytes]:

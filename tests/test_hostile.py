@@ -219,6 +219,8 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
                     deepest = 0
                     history = session.history
                     assert history is not None
+                    flood_started = time.perf_counter()
+                    cut_after: float | None = None
                     while history.last_seq < FLOOD + 1:  # (+1: the user's prompt)
                         started = time.perf_counter()
                         reply = await other.request(
@@ -231,6 +233,8 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
                         own.append(time.perf_counter() - started)
                         peak = max(peak, rss_kib(os.getpid()))
                         deepest = max(deepest, link.queue_depth())
+                        if cut_after is None and link.closed:
+                            cut_after = time.perf_counter() - flood_started
                         assert len(history) <= config.history_limit
                     assert link.closed
                     assert link.close_reason is not None
@@ -261,7 +265,8 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
     growth = peak - rss_before
     p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
     print(
-        f"\nslow client, {FLOOD:,} updates: RSS +{growth} KiB (bound "
+        f"\nslow client, {FLOOD:,} updates: its link closed {cut_after or 0:.2f} s into the "
+        f"flood; RSS +{growth} KiB (bound "
         f"{SLOW_CLIENT_RSS_BOUND_KIB} KiB), queue depth max {deepest}/{config.client_queue}; "
         f"another session's set_mode x{len(latencies)}: p50 {p50 * 1000:.1f} ms, "
         f"p99 {p99 * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms; _acp_bridge/agents "

@@ -547,11 +547,16 @@ async def play(program: list[Any], agent_count: int) -> None:
             nursery.cancel_scope.cancel()
 
 
+#: what the ordering programs did, in all (printed with ``-s``)
+STEP_COUNTS: collections.Counter[str] = collections.Counter()
+
+
 @given(program=PROGRAMS, agent_count=st.integers(2, 3))
 def _ordering(program, agent_count):
     if out_of_time():
         return
     EXAMPLES["ordering"] += 1
+    STEP_COUNTS.update(type(step).__name__.lower() for step in program)
     note(f"program: {program}")
     trio.run(play, program, agent_count)
 
@@ -573,7 +578,11 @@ def test_ordering_property():
     configure_logging(level="warning", fmt="json")
     profile = settings.get_profile("acp-bridge-ordering")
     examples = CI_EXAMPLES if long_minutes() is None else LONG_BATCH
+    before = EXAMPLES["ordering"]
+    STEP_COUNTS.clear()
     run_for_share("ordering", settings(profile, max_examples=examples)(_ordering))
+    steps = ", ".join(f"{n:,} {kind}" for kind, n in STEP_COUNTS.most_common())
+    print(f"\nordering: {EXAMPLES['ordering'] - before:,} programs, steps: {steps}")
 
 
 # -- regressions: what the ordering property found ---------------------------------------------

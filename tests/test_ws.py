@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 TOKEN = "test-token-" + "k" * 32
 AUTH = f"Authorization: Bearer {TOKEN}"
 AUTH_HEADERS = [(b"Authorization", f"Bearer {TOKEN}".encode())]
+#: a token of the same shape, as another daemon would have generated
+OTHER_TOKEN = "test-token-" + "q" * 32
 MEMORY_PORT = 8765  # the port a face serving memory streams believes it listens on
 TIMEOUT = 15
 
@@ -390,9 +392,26 @@ AUTH_CASES = [
     pytest.param(f"/acp?token={TOKEN[:-1]}", [], 401, id="query-truncated"),
     pytest.param(f"/acp?token={TOKEN}x", [], 401, id="query-extended"),
     pytest.param(f"/acp?token={TOKEN}", ["Authorization: Bearer nope"], 401, id="header-wins"),
+    pytest.param("/acp", [f"Authorization: Bearer {OTHER_TOKEN}"], 401, id="another-daemons"),
+    pytest.param("/acp", [f"Authorization: Bearer {TOKEN.upper()}"], 401, id="other-case"),
+    pytest.param("/acp", [f"Authorization: {TOKEN}"], 401, id="no-scheme"),
+    pytest.param("/acp", [f"Authorization: Bearer {TOKEN} x"], 401, id="trailing-words"),
+    pytest.param("/acp", [f"X-Acp-Token: {TOKEN}"], 401, id="other-header"),
+    pytest.param("/acp", [f"Sec-WebSocket-Protocol: bearer, {TOKEN}"], 401, id="subprotocol"),
+    pytest.param("/acp", [f"Cookie: token={TOKEN}"], 401, id="cookie"),
+    pytest.param("/acp?token=", [], 401, id="query-empty"),
+    pytest.param(f"/acp?token={TOKEN}&token={TOKEN}", [], 401, id="query-twice"),
+    pytest.param(f"/acp?tok={TOKEN}", [], 401, id="query-other-name"),
     pytest.param("/acp", [AUTH], 101, id="header"),
     pytest.param("/acp", [f"Authorization: bearer {TOKEN}"], 101, id="header-lowercase-scheme"),
+    pytest.param("/acp", [f"Authorization: Bearer   {TOKEN}"], 101, id="header-spaces"),
     pytest.param(f"/acp?token={TOKEN}", [], 101, id="query"),
+    pytest.param(
+        "/acp?token=" + "".join(f"%{b:02X}" for b in TOKEN.encode()),
+        [],
+        101,
+        id="query-percent-encoded",
+    ),
 ]
 
 
@@ -436,7 +455,27 @@ ORIGIN_HOST_CASES = [
     pytest.param("localhost:{port}", [], 101, id="localhost"),
     pytest.param("LOCALHOST:{port}", [], 101, id="localhost-any-case"),
     pytest.param("[::1]:{port}", [], 101, id="ipv6-loopback"),
+    pytest.param(None, ["Origin: https://localhost:3000"], 403, id="origin-other-scheme"),
+    pytest.param(None, ["Origin: http://localhost:3001"], 403, id="origin-other-port"),
+    pytest.param(None, ["Origin: http://localhost"], 403, id="origin-default-port"),
+    pytest.param(None, ["Origin: http://localhost:3000.evil.example"], 403, id="origin-suffix"),
+    pytest.param(None, ["Origin: http://localhost:3000@evil.example"], 403, id="origin-userinfo"),
+    pytest.param(None, ["Origin: http://evil.example/localhost:3000"], 403, id="origin-path"),
+    pytest.param(None, ["Origin: file://"], 403, id="origin-file"),
+    pytest.param(None, ["Origin: "], 403, id="origin-empty"),
+    pytest.param(None, ["Origin: not a url"], 403, id="origin-malformed"),
+    pytest.param("localhost.:{port}", [], 403, id="host-trailing-dot"),
+    pytest.param("127.0.0.2:{port}", [], 403, id="host-other-loopback-address"),
+    pytest.param("127.1:{port}", [], 403, id="host-short-ipv4"),
+    pytest.param("2130706433:{port}", [], 403, id="host-decimal-ipv4"),
+    pytest.param("[::ffff:127.0.0.1]:{port}", [], 403, id="host-ipv4-mapped"),
+    pytest.param("[::1]", [], 403, id="host-ipv6-no-port"),
+    pytest.param("bridge.internal:{other}", [], 403, id="allowed-host-other-port"),
+    pytest.param("proxy.example", [], 403, id="allowed-host-default-port"),
+    pytest.param("user@localhost:{port}", [], 403, id="host-userinfo"),
+    pytest.param("127.0.0.1:{port}", [], 101, id="ipv4-loopback"),
     pytest.param(None, ["Origin: http://localhost:3000"], 101, id="allowed-origin"),
+    pytest.param(None, ["Origin: HTTP://LOCALHOST:3000"], 101, id="allowed-origin-any-case"),
     pytest.param("bridge.internal:{port}", [], 101, id="allowed-host-name"),
     pytest.param("proxy.example:443", [], 101, id="allowed-host-with-port"),
 ]

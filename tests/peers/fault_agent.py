@@ -16,6 +16,8 @@ Run as ``python tests/peers/fault_agent.py [OPTIONS]``. It speaks ACP v1 over st
 - ``permission``: ask, report the outcome as an update, end_turn (cancelled if cancelled);
 - ``wait``: one update, then wait for ``session/cancel`` (stopReason cancelled);
 - ``answer-then-exit``: answer end_turn, then exit 0 at once;
+- ``oversize N``: one ``session/update`` line of N MiB (written 1 MiB at a time), then wait
+  for ``session/cancel`` like ``wait``;
 - anything else: one update ``hello``, end_turn.
 
 ``session/load`` of an id that starts with ``die`` replays ``--replay`` updates, then exits 5
@@ -163,6 +165,16 @@ def prompt(req_id: object, params: dict[str, object]) -> None:
         result(req_id, {"stopReason": stop})
     elif command == "wait":
         _write(update_line(sid, "waiting"))
+        cancel.wait()
+        result(req_id, {"stopReason": "cancelled"})
+    elif command == "oversize":
+        head, tail = update_line(sid, "@").split(b"@")
+        chunk = b"x" * (1 << 20)
+        with _lock:  # one line, whole: nothing else may come between its pieces
+            for piece in (head, *([chunk] * arg), tail):
+                view = memoryview(piece)
+                while view:
+                    view = view[os.write(1, view) :]
         cancel.wait()
         result(req_id, {"stopReason": "cancelled"})
     elif command == "answer-then-exit":

@@ -35,7 +35,9 @@ Backpressure:
     when that queue overflows the bridge closes the link and the connection is closed with
     1008 (a reconnecting client gets its sessions back). A client that does not take a frame
     we send within ``ping_timeout`` seconds is cut off without a close frame: there is no
-    way to deliver one to a peer that does not read.
+    way to deliver one to a peer that does not read. The writer frames what is queued
+    itself and sends a burst in one write (:func:`text_frames`), serialised with
+    trio-websocket's own frames; nothing follows the close frame.
 
 Resource handling:
     At most ``max_connections`` WebSocket connections and as many handshakes in progress; a

@@ -57,6 +57,7 @@ from acp_bridge._jsonrpc import (
     dumps,
     loads,
     params_of,
+    rewrite_session_id,
 )
 from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
@@ -2273,7 +2274,8 @@ class Bridge:
         """
         if session.rewrite:
             params["sessionId"] = session.bridge_id
-            data = dumps(msg)
+            rewritten = rewrite_session_id(line, session.agent_id, session.bridge_id)
+            data = dumps(msg) if rewritten is None else rewritten + b"\n"
         else:
             data = line + b"\n"
         history = session.history

@@ -203,6 +203,28 @@ def dumps(msg: Any) -> bytes:
         return (_encoder.encode(msg) + "\n").encode("utf-8", "backslashreplace")
 
 
+_SESSION_KEY = b'"sessionId"'
+
+
+def rewrite_session_id(line: bytes, old: str, new: str) -> bytes | None:
+    """
+    ``line`` (one JSON message whose ``params.sessionId`` is ``old``) with that value made
+    ``new``, every other byte kept; None when that cannot be done safely on the bytes, and
+    the caller encodes the message again.
+
+    Safe means: no ``\\u`` escape anywhere (so every member named sessionId is spelt
+    ``"sessionId"``), that spelling exactly once (so it is the member of ``params``, which
+    the caller knows is there), and written compactly as ``"sessionId":"old"``. (The
+    spelling followed by a colon is a member name: a string value is never followed by one.)
+    """
+    if b"\\u" in line or line.count(_SESSION_KEY) != 1:
+        return None
+    member = _SESSION_KEY + b":" + _fast_dumps(old)
+    if member not in line:
+        return None
+    return line.replace(member, _SESSION_KEY + b":" + _fast_dumps(new), 1)
+
+
 def classify(msg: Any) -> Kind:
     """
     Classify a decoded JSON value as a JSON-RPC 2.0 message.

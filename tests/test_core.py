@@ -227,6 +227,49 @@ def test_fast_encoding_round_trips_to_the_same_value(value):
     assert _same(_jsonrpc._reference_loads(data[:-1])["v"], value)
 
 
+_ids = st.text(min_size=1, max_size=8)
+
+
+@given(
+    old=_ids,
+    new=_ids,
+    update=_json_values,
+    extra=st.dictionaries(st.sampled_from(["sessionId", "x", "_meta"]), _json_values),
+    spaced=st.booleans(),
+)
+def test_a_session_id_rewritten_on_the_bytes_is_the_message_encoded_again(
+    old, new, update, extra, spaced
+):
+    """Whenever ``rewrite_session_id`` rewrites the bytes, they decode to the message with
+    only ``params.sessionId`` changed, whatever else the line holds (the same id deeper
+    down, the key as a value, escapes, other spacing); otherwise it declines (None)."""
+    msg = {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {"sessionId": old, "update": {"v": update, **extra}},
+    }
+    encoder = _jsonrpc.json.JSONEncoder(
+        separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=spaced
+    )
+    line = encoder.encode(msg).encode("utf-8", "surrogatepass")
+    rewritten = _jsonrpc.rewrite_session_id(line, old, new)
+    if rewritten is None:
+        return
+    expected = {**msg, "params": {**msg["params"], "sessionId": new}}
+    assert _same(_jsonrpc._reference_loads(rewritten), expected)
+
+
+def test_rewriting_on_the_bytes_declines_what_it_cannot_do_safely():
+    rewrite = _jsonrpc.rewrite_session_id
+    assert rewrite(b'{"params":{"sessionId":"s1","u":1}}', "s1", "s1~b") == (
+        b'{"params":{"sessionId":"s1~b","u":1}}'
+    )
+    assert rewrite(b'{"params":{"sessionId":"s1","u":{"sessionId":"s1"}}}', "s1", "x") is None
+    assert rewrite(b'{"params":{"sessionId": "s1"}}', "s1", "x") is None
+    assert rewrite(b'{"params":{"session\\u0049d":"s1","u":{"sessionId":"s1"}}}', "s1", "x") is None
+    assert rewrite(b'{"params":{"sessionId":"s1","u":"sessionId"}}', "s1", "x") is None
+
+
 # ----------------------------------------------------------------------------- routing
 
 AGENTS = ["a", "b", "c"]

@@ -2159,6 +2159,13 @@ class Bridge:
                         # One read can hold hundreds of lines: let the others in between
                         # (no line of the chunk is dropped on cancellation).
                         await trio.lowlevel.cancel_shielded_checkpoint()
+                if decoder.discarding is not None and agent.failure is None:
+                    # A line past the cap: stopped now, not when (or if) the line ends.
+                    cap = self.config.bridge.max_line_bytes
+                    agent.fail(
+                        f"it is writing a line over max_line_bytes ({cap}): "
+                        f"{decoder.discarding} bytes so far"
+                    )
                 if n % READER_TURN_LINES or not n:
                     # (A read of a pipe with data waiting does not yield: this one does, so
                     # an agent that never stops writing never holds the others up.)

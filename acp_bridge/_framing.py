@@ -56,6 +56,14 @@ class LineDecoder:
         """Bytes held for an incomplete line."""
         return len(self._buf)
 
+    @property
+    def discarding(self) -> int | None:
+        """
+        While an oversize line is being dropped (past the cap, before its end): its size so
+        far; None otherwise. (Its :class:`Oversize` marker comes out when it ends.)
+        """
+        return self._discarding if self._discarding >= 0 else None
+
     def feed(self, data: bytes | bytearray) -> list[bytes | Oversize]:
         """Add ``data``; return every line it completed, in order."""
         if type(data) is not bytes:

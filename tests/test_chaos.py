@@ -1112,6 +1112,34 @@ async def test_a_line_over_max_line_bytes_from_an_agent_stops_it_and_answers_eve
             assert agent.starts == 2
 
 
+class EndlessLiner(FakeAgent):
+    """``endless N``: N bytes of a line that never ends, and the agent stays alive."""
+
+    async def _prompt(self, params: dict[str, Any]) -> dict[str, Any]:
+        words = params["prompt"][0]["text"].split()
+        if words[0] == "endless":
+            async with self._lock:
+                assert self._send is not None
+                await self._send.send_all(b'{"jsonrpc":"2.0","x":"' + b"x" * int(words[1]))
+            await trio.sleep_forever()
+        return await super()._prompt(params)
+
+
+async def test_an_agent_writing_a_line_past_the_cap_is_stopped_before_the_line_ends():
+    """Regression: an oversize line was acted on at its end (its newline, or the agent's
+    exit), so an agent writing an endless line kept every request waiting on it forever. Now
+    the agent is stopped as soon as the line passes max_line_bytes."""
+    agent = EndlessLiner("a")
+    with trio.fail_after(10):
+        async with open_bridge({"a": agent}, max_line_bytes=1024) as (client, bridge):
+            sid = await client.new_session()
+            reply = await client.prompt(sid, "endless 5000")
+            assert "over max_line_bytes (1024)" in reply["error"]["message"], reply
+            assert "bytes so far" in reply["error"]["message"], reply
+            await trio.testing.wait_all_tasks_blocked()
+            assert_nothing_pending(bridge)
+
+
 @pytest.mark.e2e
 async def test_a_256_mib_line_from_a_real_agent_costs_no_memory_and_is_answered_at_once():
     """A real agent writes one 256 MiB line (cap 1 MiB) while another of its requests waits:

@@ -344,3 +344,13 @@ def test_pending_table_answers_each_id_once(ops):
     assert len(table) == len(live)
     assert dict(table.drain()) == live
     assert len(table) == 0
+
+
+def test_the_decoder_says_while_it_drops_an_oversize_line():
+    decoder = LineDecoder(max_line_bytes=1024)
+    assert decoder.feed(b"x" * 1000) == []
+    assert decoder.discarding is None
+    assert decoder.feed(b"x" * 1000) == []
+    assert decoder.discarding == 2000
+    assert decoder.feed(b"x" * 5 + b"\n{}\n") == [Oversize(2005), b"{}"]
+    assert decoder.discarding is None

@@ -427,7 +427,7 @@ class ClientLink:
             if self._finished:
                 return []
             await self._writer_lot.park()
-        if len(queue) == 1 or max_bytes <= 0:
+        if len(queue) == 1:
             batch = [queue.popleft()]
         else:
             batch = []
@@ -451,16 +451,6 @@ class ClientLink:
                 await pipes.send_all(stream, batch[0] if len(batch) == 1 else b"".join(batch))
         finally:
             self._fd = None
-
-    async def pump_messages(self, send: Callable[[bytes], Awaitable[object]]) -> None:
-        """
-        Hand each queued message to ``send``, one at a time, until the link finishes.
-
-        For message transports (WebSocket: one text frame per message): ``send`` gets one
-        JSON text, UTF-8, without the trailing newline.
-        """
-        while batch := await self._take(0):
-            await send(batch[0][:-1])
 
     async def pump_batches(self, send: Callable[[list[bytes]], Awaitable[object]]) -> None:
         """

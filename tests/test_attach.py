@@ -130,8 +130,12 @@ class WsServer:
             self.kick()
 
     async def _pump(self, client, ws) -> None:
+        async def send_each(batch: list[bytes]) -> None:
+            for data in batch:
+                await ws.send_message(data[:-1].decode())
+
         with contextlib.suppress(trio_websocket.ConnectionClosed):
-            await client.pump_messages(lambda data: ws.send_message(data.decode()))
+            await client.pump_batches(send_each)
 
 
 @contextlib.asynccontextmanager

@@ -628,6 +628,19 @@ async def test_a_duplicate_request_id_from_an_agent_never_reaches_its_next_proce
             assert not [m for m in agent.received[before:] if m.get("id") == 7]
 
 
+def _read_and_permission_asks(sid: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """An agent's two requests of a client, by the agent's ids: a file read, a permission."""
+    permission = {
+        "sessionId": sid,
+        "toolCall": {"toolCallId": "t", "title": "x"},
+        "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
+    }
+    return {
+        "r": ("fs/read_text_file", {"sessionId": sid, "path": "/w/x"}),
+        "p": ("session/request_permission", permission),
+    }
+
+
 async def test_a_request_the_agent_withdrew_is_answered_even_if_the_client_never_does():
     """Regression: an agent's ``$/cancel_request`` for a request shown to the client was only
     relayed; a client that did not answer the withdrawn request (honouring the cancel is
@@ -638,15 +651,7 @@ async def test_a_request_the_agent_withdrew_is_answered_even_if_the_client_never
     with trio.fail_after(REGRESSION_TIMEOUT):
         async with open_bridge({"a": agent}) as (client, bridge):
             sid = await client.new_session()
-            permission = {
-                "sessionId": sid,
-                "toolCall": {"toolCallId": "t", "title": "x"},
-                "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
-            }
-            asks = {
-                "r": ("fs/read_text_file", {"sessionId": sid, "path": "/w/x"}),
-                "p": ("session/request_permission", permission),
-            }
+            asks = _read_and_permission_asks(sid)
             shown_ids = []
             for agent_id, (method, params) in asks.items():
                 ask = {"jsonrpc": "2.0", "id": agent_id, "method": method, "params": params}
@@ -693,15 +698,7 @@ async def test_a_parked_request_the_agent_withdrew_is_answered_and_not_shown_aga
             trio.open_nursery() as nursery,
         ):
             sid = await client.new_session()
-            permission = {
-                "sessionId": sid,
-                "toolCall": {"toolCallId": "t", "title": "x"},
-                "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
-            }
-            asks = {
-                "r": ("fs/read_text_file", {"sessionId": sid, "path": "/w/x"}),
-                "p": ("session/request_permission", permission),
-            }
+            asks = _read_and_permission_asks(sid)
             for agent_id, (method, params) in asks.items():
                 ask = {"jsonrpc": "2.0", "id": agent_id, "method": method, "params": params}
                 await agent.write(ask)

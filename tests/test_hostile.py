@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
@@ -47,6 +46,7 @@ from .test_ws import (
     AUTH,
     AUTH_HEADERS,
     TOKEN,
+    Server,
     get_request,
     http_exchange,
     open_peer,
@@ -74,18 +74,8 @@ SLOW_CLIENT_RSS_BOUND_KIB = 32 * 1024
 OTHER_SESSION_P99_BOUND = 0.05
 
 
-@attrs.define
-class Daemon:
-    bridge: Bridge
-    info: ListenInfo
-
-    @property
-    def port(self) -> int:
-        return self.info.port
-
-
 @contextlib.asynccontextmanager
-async def open_daemon(*, bridge: dict[str, Any] | None = None, **ws: Any) -> AsyncIterator[Daemon]:
+async def open_daemon(*, bridge: dict[str, Any] | None = None, **ws: Any) -> AsyncIterator[Server]:
     """A bridge with two real fault agents, ``f`` and ``g``, served over WebSocket on
     127.0.0.1."""
     limits = {"stop_grace": 0.5, **(bridge or {})}
@@ -103,7 +93,7 @@ async def open_daemon(*, bridge: dict[str, Any] | None = None, **ws: Any) -> Asy
     async with trio.open_nursery() as nursery:
         b: Bridge = await nursery.start(Bridge(config, launcher).run)
         info: ListenInfo = await nursery.start(functools.partial(serve_websocket, b, config))
-        yield Daemon(b, info)
+        yield Server(b, info)
         nursery.cancel_scope.cancel()
 
 

@@ -58,6 +58,8 @@ async def test_timeout_never_grants(autojump_clock):
         assert trio.current_time() == 30
         outcomes = [outcome_of(r) for r in results.values()]
         assert outcomes == [{"outcome": "selected", "optionId": "no"}] * 1000
+        # (The agent can have its last answer before the client has read the last notice.)
+        await trio.testing.wait_all_tasks_blocked()
         resolved = [
             m for m in client.received if m.get("method") == "_acp_bridge/permission_resolved"
         ]

@@ -19,6 +19,7 @@ import trio
 from acp_bridge._agent import Reaper, make_subprocess_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
+from acp_bridge._heap import trim_heap_forever
 from acp_bridge._journal import Journal
 from acp_bridge._store import Store, open_store
 from acp_bridge._trace import open_wire_trace
@@ -57,7 +58,8 @@ async def with_bridge(
     Agents are stopped first (gracefully: stdin EOF → SIGTERM → SIGKILL), then the reaper
     watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way. The store
     (``[store] path``) holds the audit trail; it is opened first and closed last. ``tracer``
-    sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`).
+    sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`). With
+    glibc, freed heap memory is given back to the system every few seconds (see ``_heap``).
 
     Raises:
         StoreError: the store cannot be opened (or is of a newer schema).
@@ -73,6 +75,7 @@ async def with_bridge(
                     reaper=reaper, stop_grace=config.bridge.stop_grace
                 )
             outer.start_soon(_cancel_on_signals, outer.cancel_scope)
+            outer.start_soon(trim_heap_forever)
             async with trio.open_nursery() as inner:
                 bridge = Bridge(
                     config,

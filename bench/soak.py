@@ -86,12 +86,18 @@ def config_text(agents: int, chunk_delay: float, *, history_limit: int) -> str:
     return "\n".join(parts)
 
 
-def rss_kib(pid: int) -> int:
+def rss_parts(pid: int) -> dict[str, int]:
+    """VmRSS and its parts (KiB): RssAnon is the heap; RssFile and RssShmem are mapped files
+    (SQLite's WAL index is shared memory), which say whether a creep is malloc's or a map's."""
+    parts: dict[str, int] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                parts[key] = int(value.split()[0])
+    if "VmRSS" not in parts:
+        raise RuntimeError("no VmRSS")
+    return parts
 
 
 def fd_count(pid: int) -> int:
@@ -574,9 +580,13 @@ async def soak(
     async def sample() -> dict[str, Any]:
         now = time.monotonic()
         status = await get_status(port)
+        parts = rss_parts(daemon.pid)
         point = {
             "t": round(now - started, 2),
-            "rss_kib": rss_kib(daemon.pid),
+            "rss_kib": parts["VmRSS"],
+            "rss_anon_kib": parts.get("RssAnon", 0),
+            "rss_file_kib": parts.get("RssFile", 0),
+            "rss_shmem_kib": parts.get("RssShmem", 0),
             "fds": fd_count(daemon.pid),
             "oldest_pending_s": round(max(c.oldest_pending(now) for c in clients), 3),
         }
@@ -592,7 +602,9 @@ async def soak(
             await trio.sleep(args.sample_every)
             point = await sample()
             print(
-                f"  t={point['t']:7.1f}s rss={point['rss_kib']} KiB fds={point['fds']} "
+                f"  t={point['t']:7.1f}s rss={point['rss_kib']} KiB "
+                f"(anon {point['rss_anon_kib']}, file {point['rss_file_kib']}, "
+                f"shmem {point['rss_shmem_kib']}) fds={point['fds']} "
                 f"oldest pending={point['oldest_pending_s']:.2f}s "
                 f"updates={totals.counts['updates']}",
                 file=sys.stderr,

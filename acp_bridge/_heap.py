@@ -1,0 +1,67 @@
+"""
+Giving freed heap memory back to the operating system (glibc), so the daemon's RSS follows
+what it really holds.
+
+glibc's ``malloc`` keeps what a process frees for reuse and returns to the system only free
+space at the very top of a heap. A relay allocates buffers of every size all the time (reads,
+lines, write batches, replays), so its heaps fragment: free pages stay resident between live
+blocks, and RSS creeps up while live memory stays flat. The soak measured +185 KiB/min over
+20 minutes; ``malloc_trim(0)`` on that daemon released 20 MiB of the 113 MiB at once.
+
+:func:`trim_heap_forever` calls ``malloc_trim(0)`` every ``TRIM_INTERVAL`` seconds in a
+worker thread (it walks every free block, a few milliseconds for tens of MiB, and the event
+loop keeps running meanwhile). Where the C library has no ``malloc_trim`` (musl, macOS) it
+returns at once and nothing changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import time
+from typing import TYPE_CHECKING, Final
+
+import structlog
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+logger = structlog.get_logger("acp_bridge.heap")
+
+TRIM_INTERVAL: Final = 10.0
+
+
+@functools.cache
+def malloc_trim() -> Callable[[int], int] | None:
+    """The C library's ``malloc_trim``, or None when it has none."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    fn: Callable[[int], int] = trim
+    return fn
+
+
+def trim_heap() -> float | None:
+    """Release free heap pages now; the seconds it took (None: not available here)."""
+    trim = malloc_trim()
+    if trim is None:
+        return None
+    started = time.perf_counter()
+    trim(0)
+    return time.perf_counter() - started
+
+
+async def trim_heap_forever(interval: float = TRIM_INTERVAL) -> None:
+    """Trim the heap every ``interval`` seconds until cancelled (returns at once without glibc)."""
+    if malloc_trim() is None:
+        return
+    while True:
+        await trio.sleep(interval)
+        took = await trio.to_thread.run_sync(trim_heap)
+        logger.debug("heap_trimmed", ms=round((took or 0.0) * 1000, 2))

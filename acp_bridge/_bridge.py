@@ -2372,9 +2372,10 @@ class Bridge:
         method: str = msg["method"]
         params = params_of(msg)
         agent_id = msg["id"]
-        if agent_id in agent.inflight:
+        if agent_id in agent.inflight or self._is_parked(agent, agent_id):
             # One request per id: a second would hide the first from the bookkeeping, and
-            # its answer could then reach the agent's next process after a restart.
+            # its answer could then reach the agent's next process after a restart. (A
+            # parked request is still in flight: it is shown again to the next connection.)
             duplicate = JsonRpcError.invalid_request(f"request id {agent_id!r} is in flight")
             agent.answer(dumps(error_msg(agent_id, duplicate)))
             return
@@ -2430,6 +2431,15 @@ class Bridge:
         if session.rewrite:
             params["sessionId"] = session.bridge_id
         await client.send(dumps(msg))
+
+    def _is_parked(self, agent: AgentLink, agent_id: JsonRpcId) -> bool:
+        """Whether a request of ``agent`` with that id waits for a session's next owner."""
+        return any(
+            entry.origin is agent and entry.origin_id == agent_id
+            for session in self.sessions.of_agent(agent.name)
+            if session.parked
+            for entry in session.parked
+        )
 
     async def _contain(
         self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session

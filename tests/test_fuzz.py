@@ -728,6 +728,45 @@ async def test_a_parked_request_the_agent_withdrew_is_answered_and_not_shown_aga
             nursery.cancel_scope.cancel()
 
 
+async def test_an_agent_reusing_the_id_of_a_parked_request_is_refused():
+    """Regression: the duplicate-id check looked only at requests shown to a client. A
+    request parked for the next connection (its client dropped) was not among them, so an
+    agent reusing its id got the second request through; when the session was taken back,
+    showing the parked one overwrote the second's entry: one of them was never answered."""
+    agent = FakeAgent("a")
+    with trio.fail_after(REGRESSION_TIMEOUT):
+        async with (
+            open_bridge({"a": agent}, detach_grace=3600) as (client, bridge),
+            trio.open_nursery() as nursery,
+        ):
+            sid = await client.new_session()
+            method, params = _read_and_permission_asks(sid)["r"]
+            ask = {"jsonrpc": "2.0", "id": 5, "method": method, "params": params}
+            await agent.write(ask)
+            await client.agent_requests.receive()
+            await client.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+            [session] = bridge.sessions
+            assert len(session.parked) == 1
+            await agent.write(ask)  # the same id again, while the first is parked
+            await trio.testing.wait_all_tasks_blocked()
+            [refused] = [m for m in agent.received if m.get("id") == 5]
+            assert refused["error"]["code"] == -32600
+            assert len(session.parked) == 1
+            other = await connect(bridge, nursery)
+            await other.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            shown = await other.agent_requests.receive()
+            await other.send({"jsonrpc": "2.0", "id": shown["id"], "result": {"content": "x"}})
+            await trio.testing.wait_all_tasks_blocked()
+            answers = [m for m in agent.received if m.get("id") == 5]
+            assert [("error" in m, m.get("result")) for m in answers] == [
+                (True, None),
+                (False, {"content": "x"}),
+            ]
+            assert not bridge.agents["a"].inflight
+            nursery.cancel_scope.cancel()
+
+
 class _Overlap:
     """A stand-in for the store's connection that notices two transactions at once."""
 

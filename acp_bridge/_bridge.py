@@ -155,9 +155,17 @@ REPLY_SEND_TIMEOUT: Final = 30.0
 #: bytes joined into one write by a writer task
 WRITE_BATCH_BYTES: Final = 64 * 1024
 READ_CHUNK: Final = 64 * 1024
-#: an agent's reader lets other tasks run after this many lines of one read: a flooding agent
-#: adds at most that much work to each step of another session's round trip
-READER_TURN_LINES: Final = 32
+#: Agents' readers share a budget of lines per scheduler round: each reader with lines to
+#: handle lets the other tasks run after its share (``READ_ROUND_LINES`` over the readers
+#: busy at that moment, at least ``READER_TURN_MIN``). So one flooding agent relays in long
+#: turns (few writes, little scheduling), and fifty of them in short ones: either way, a
+#: round of the scheduler, which every hop of another session's round trip waits for, holds
+#: about the same work.
+READ_ROUND_LINES: Final = 128
+READER_TURN_MIN: Final = 4
+#: answers a client link writes ahead of its queue at most (see :meth:`ClientLink.send_answer`);
+#: past that, answers queue like any message
+LANE_MAX: Final = 256
 
 #: Methods an agent may call on the client, and the client capability each needs.
 _CLIENT_METHOD_GATES: Final[dict[str, Callable[[JsonObject], bool]]] = {
@@ -263,11 +271,22 @@ class ClientLink:
         #: put is one append, and the writer takes everything queued at once)
         self._queue: collections.deque[bytes] = collections.deque()
         self._limit = queue_size
+        #: answers written before the queue (:meth:`send_answer`), at most ``LANE_MAX``
+        self._lane: collections.deque[bytes] = collections.deque()
+        #: messages ever queued and ever taken from the queue: message number n (from 0) is
+        #: still queued while n >= _taken
+        self._put_count = 0
+        self._taken = 0
+        #: per session, the number of its last queued message
+        self._last_of: dict[object, int] = {}
+        #: the number of the last queued message of no known session
+        self._barrier = -1
         #: no more output will be queued (finished, or closed): the writer ends once empty
         self._finished = False
         self._writer_lot = trio.lowlevel.ParkingLot()  # the writer waits here for output
-        #: senders waiting for room, in order, with their bytes (the writer queues them)
-        self._senders: collections.OrderedDict[trio.lowlevel.Task, bytes] = (
+        #: senders waiting for room, in order, with their bytes and session (the writer
+        #: queues them)
+        self._senders: collections.OrderedDict[trio.lowlevel.Task, tuple[bytes, object]] = (
             collections.OrderedDict()
         )
         #: the pipe the writer writes to (stdio), when it is one: see :meth:`_put`
@@ -307,7 +326,13 @@ class ClientLink:
         self._finished = True
         self._writer_lot.unpark_all()
 
-    def _put(self, data: bytes, *, direct: bool = True) -> None:
+    def _put(
+        self, data: bytes, *, direct: bool = True, session: object = None, lane: bool = False
+    ) -> None:
+        """
+        Write or queue ``data`` (of ``session``, None: of no known session); ``lane``: in the
+        answer lane (:meth:`send_answer` decided it may go there).
+        """
         self._counters["to_client"] += 1
         if self._tracer is not None:
             self._tracer(self._link, "out", data)
@@ -322,15 +347,25 @@ class ClientLink:
                     return
                 data = data[sent:]
             self._writer_lot.unpark()
+        if lane:
+            self._lane.append(data)
+            return
+        n = self._put_count
+        self._put_count = n + 1
+        if session is None:
+            self._barrier = n
+        else:
+            self._last_of[session] = n
         self._queue.append(data)
 
     def has_room(self) -> bool:
         """Whether :meth:`send` would queue at once (the link may be closed)."""
         return len(self._queue) < self._limit
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, session: object = None) -> None:
         """
-        Queue bytes for the client (see the module's backpressure notes).
+        Queue bytes for the client (see the module's backpressure notes); ``session``: the
+        session they belong to, if any (:meth:`send_answer` keeps each session's order).
 
         The hot path: when the queue has room this does not yield to the scheduler at all,
         so a reader relays a whole chunk of an agent's output in one go and the writer finds
@@ -342,9 +377,32 @@ class ClientLink:
         if self.closed:
             return
         if len(self._queue) < self._limit:
-            self._put(data)
+            self._put(data, session=session)
             return
-        await self._send_when_room(data, None if self.blocking else OVERFLOW_WAIT)
+        await self._send_when_room(data, session, None if self.blocking else OVERFLOW_WAIT)
+
+    async def send_answer(self, data: bytes, session: object) -> None:
+        """
+        Send an answer to one of the client's requests about ``session``: ahead of the queue
+        (in the *answer lane*, which the writer empties first) when nothing of that session
+        and nothing of no known session is queued or waiting for room, else queued like any
+        message. So a round trip on a quiet session does not wait behind other sessions'
+        floods, and each session's messages still reach the client in the order they were
+        sent (its earlier messages are all written, or ahead in the lane). The lane holds at
+        most ``LANE_MAX`` messages (answers to the client's own requests: few at a time).
+        """
+        if self.closed:
+            return
+        taken = self._taken
+        if (
+            len(self._lane) < LANE_MAX
+            and self._barrier < taken
+            and self._last_of.get(session, -1) < taken
+            and not any(s is None or s is session for _, s in self._senders.values())
+        ):
+            self._put(data, lane=True)
+            return
+        await self.send(data, session)
 
     async def send_wait(self, data: bytes) -> None:
         """
@@ -352,9 +410,9 @@ class ClientLink:
         replay), which may be far larger than the queue. A non-blocking client that takes
         nothing for ``REPLY_SEND_TIMEOUT`` seconds is disconnected; a blocking one is waited for.
         """
-        await self._send_when_room(data, None if self.blocking else REPLY_SEND_TIMEOUT)
+        await self._send_when_room(data, None, None if self.blocking else REPLY_SEND_TIMEOUT)
 
-    async def _send_when_room(self, data: bytes, wait: float | None) -> None:
+    async def _send_when_room(self, data: bytes, session: object, wait: float | None) -> None:
         """
         Queue ``data`` once there is room, first come first served: a waiting sender parks
         with its bytes and the writer moves them into the queue as it frees room, in the
@@ -364,12 +422,12 @@ class ClientLink:
         if self.closed:
             return
         if len(self._queue) < self._limit:  # (never while others wait: they fill it)
-            self._put(data)
+            self._put(data, session=session)
             return
         timeout = wait if wait is not None else float("inf")
         with trio.move_on_after(timeout) as waiting:
             task = trio.lowlevel.current_task()
-            self._senders[task] = data
+            self._senders[task] = (data, session)
 
             def abort(_: object) -> trio.lowlevel.Abort:
                 del self._senders[task]
@@ -391,13 +449,13 @@ class ClientLink:
         self._put(data)
         return True
 
-    def put_update(self, data: bytes) -> None:
+    def put_update(self, data: bytes, session: object) -> None:
         """Queue a relayed update when :meth:`has_room` said so: never waits, never writes."""
         if not self.closed:
-            self._put(data, direct=False)
+            self._put(data, direct=False, session=session)
 
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._lane)
 
     def offer(self, data: bytes) -> bool:
         """Queue a droppable message (diagnostics): never waits, never closes the link."""
@@ -423,23 +481,37 @@ class ClientLink:
         [] once the link is finished and its queue written. Senders waiting for room are let in.
         """
         queue = self._queue
-        while not queue:
+        lane = self._lane
+        while not queue and not lane:
             if self._finished:
                 return []
             await self._writer_lot.park()
-        if len(queue) == 1:
+        if not lane and len(queue) == 1:
             batch = [queue.popleft()]
+            self._taken += 1
         else:
             batch = []
             size = 0
+            while lane and size < max_bytes:
+                data = lane.popleft()
+                batch.append(data)
+                size += len(data)
+            taken = len(batch)
             while queue and size < max_bytes:
                 data = queue.popleft()
                 batch.append(data)
                 size += len(data)
+            self._taken += len(batch) - taken
+        if not queue:
+            self._last_of.clear()  # (nothing of any session is queued)
+        elif len(self._last_of) > 2 * self._limit:
+            # (only sessions with something queued matter: at most the queue's size of them)
+            taken = self._taken
+            self._last_of = {k: n for k, n in self._last_of.items() if n >= taken}
         senders = self._senders
         while senders and len(queue) < self._limit:
-            task, data = senders.popitem(last=False)
-            self._put(data, direct=False)
+            task, (data, session) = senders.popitem(last=False)
+            self._put(data, direct=False, session=session)
             trio.lowlevel.reschedule(task)
         return batch
 
@@ -709,6 +781,8 @@ class Bridge:
         self.default_agent = config.default_agent.name
         self.sessions = SessionTable()
         self.clients: set[ClientLink] = set()
+        #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
+        self._busy_readers = 0
         self._nursery: trio.Nursery | None = None
         #: set once :meth:`run` is ending: no task is started any more
         self.stopping = False
@@ -2140,15 +2214,25 @@ class Bridge:
         relay = self._relay_update
         try:
             while data := await stream.receive_some(READ_CHUNK):
-                n = 0
-                for n, line in enumerate(decoder.feed(data), 1):
-                    # Most lines are session updates, relayed without a coroutine each.
-                    if not relay(agent, line):
-                        await handle(agent, line)
-                    if not n % READER_TURN_LINES:
-                        # One read can hold hundreds of lines: let the others in between
-                        # (no line of the chunk is dropped on cancellation).
-                        await trio.lowlevel.cancel_shielded_checkpoint()
+                lines = decoder.feed(data)
+                yielded = False  # (just now, after the last line)
+                if lines:
+                    self._busy_readers += 1
+                    try:
+                        turn = self._reader_turn()
+                        for line in lines:
+                            # Most lines are session updates, relayed without a coroutine.
+                            if not relay(agent, line):
+                                await handle(agent, line)
+                            turn -= 1
+                            yielded = not turn
+                            if yielded:
+                                # One read can hold hundreds of lines: let the others in
+                                # (no line of the chunk is dropped on cancellation).
+                                await trio.lowlevel.cancel_shielded_checkpoint()
+                                turn = self._reader_turn()
+                    finally:
+                        self._busy_readers -= 1
                 if decoder.discarding is not None and agent.failure is None:
                     # A line past the cap: stopped now, not when (or if) the line ends.
                     cap = self.config.bridge.max_line_bytes
@@ -2156,7 +2240,7 @@ class Bridge:
                         f"it is writing a line over max_line_bytes ({cap}): "
                         f"{decoder.discarding} bytes so far"
                     )
-                if n % READER_TURN_LINES or not n:
+                if not yielded:
                     # (A read of a pipe with data waiting does not yield: this one does, so
                     # an agent that never stops writing never holds the others up.)
                     await trio.lowlevel.cancel_shielded_checkpoint()
@@ -2167,6 +2251,10 @@ class Bridge:
         rest = decoder.feed_eof()
         if rest is not None:
             self.log.warning("agent_partial_line_at_exit", agent=agent.name)
+
+    def _reader_turn(self) -> int:
+        """Lines a busy agent reader handles before it lets the others run."""
+        return max(READER_TURN_MIN, READ_ROUND_LINES // max(1, self._busy_readers))
 
     def _relay_update(self, agent: AgentLink, line: bytes | Oversize) -> bool:
         """
@@ -2204,7 +2292,7 @@ class Bridge:
         if client is not None:
             if client.want_seq:
                 data = dumps(msg)
-            client.put_update(data)
+            client.put_update(data, session)
         return True
 
     async def _agent_line(self, agent: AgentLink, line: bytes | Oversize) -> None:
@@ -2541,7 +2629,10 @@ class Bridge:
             return
         for line in early:
             await client.send(line)
-        await client.send(dumps(msg))
+        if session is None:
+            await client.send(dumps(msg))
+        else:
+            await client.send_answer(dumps(msg), session)
 
     def _undo_forward(
         self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None

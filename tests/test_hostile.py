@@ -35,7 +35,7 @@ import wsproto
 import wsproto.events as ev
 
 from acp_bridge._agent import make_subprocess_launcher
-from acp_bridge._bridge import READ_CHUNK, Bridge
+from acp_bridge._bridge import READ_CHUNK, READ_ROUND_LINES, Bridge
 from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfig
 from acp_bridge._jsonrpc import dumps
 from acp_bridge._ws import serve_websocket
@@ -267,44 +267,73 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
     assert p99 < OTHER_SESSION_P99_BOUND
 
 
-async def test_one_big_read_from_an_agent_lets_other_tasks_run_between_its_lines():
-    """A read of hundreds of lines is handled a few dozen at a time (READER_TURN_LINES), other
-    tasks running in between (without it, one read was one uninterrupted step: the other
-    session's p99 above went from ~8 ms to ~50 ms)."""
-    agent = FakeAgent("a")
+def _updates_chunk(sid: str, lines: int) -> bytes:
+    """``lines`` session updates in one chunk (one read for the bridge)."""
+    chunk = b"".join(
+        dumps(
+            {
+                "jsonrpc": "2.0",
+                "method": "session/update",
+                "params": {
+                    "sessionId": sid,
+                    "update": {
+                        "sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "text", "text": f"{i}"},
+                    },
+                },
+            }
+        )
+        for i in range(lines)
+    )
+    assert len(chunk) < READ_CHUNK
+    return chunk
+
+
+async def _relayed_between_rounds(agents: int, lines: int) -> list[int]:
+    """
+    Each of ``agents`` agents writes one read of ``lines`` updates to a detached session
+    (relaying them needs no await at all) at once; a task that runs once per scheduler round
+    notes how many were relayed. Returns the lines handled between two of its notes.
+    """
+    fakes = {f"a{i}": FakeAgent(f"a{i}") for i in range(agents)}
     with trio.fail_after(10):
-        async with open_bridge({"a": agent}) as (client, bridge):
-            sid = await client.new_session()
-            await client.disconnect()  # detached: relaying it needs no await at all
+        async with open_bridge(fakes) as (client, bridge):
+            chunks = []
+            for name, agent in fakes.items():
+                sid = await client.new_session(agent=name)
+                agent_sid = bridge.sessions.get(sid).agent_id  # (what the agent calls it)
+                chunks.append((agent, _updates_chunk(agent_sid, lines)))
+            await client.disconnect()
             await trio.testing.wait_all_tasks_blocked()
-            assert bridge.sessions.get(sid).client is None
-            lines = 320
-            chunk = b"".join(
-                dumps(
-                    {
-                        "jsonrpc": "2.0",
-                        "method": "session/update",
-                        "params": {
-                            "sessionId": sid,
-                            "update": {
-                                "sessionUpdate": "agent_message_chunk",
-                                "content": {"type": "text", "text": f"{i}"},
-                            },
-                        },
-                    }
-                )
-                for i in range(lines)
-            )
-            assert len(chunk) < READ_CHUNK  # one read
             base = bridge.counters["from_agent"]
-            seen = set()
-            assert agent._send is not None
-            await agent._send.send_all(chunk)
-            while bridge.counters["from_agent"] < base + lines:
-                seen.add(bridge.counters["from_agent"] - base)
+            for agent, chunk in chunks:
+                assert agent._send is not None
+                await agent._send.send_all(chunk)
+            seen = [0]
+            while seen[-1] < agents * lines:
                 await trio.lowlevel.checkpoint()
-    between = sorted(n for n in seen if 0 < n < lines)
-    assert len(between) >= 3, between  # (about lines / 32 turns; two can pair up)
+                seen.append(bridge.counters["from_agent"] - base)
+    return [b - a for a, b in zip(seen, seen[1:], strict=False) if b > a]
+
+
+async def test_one_big_read_from_an_agent_lets_other_tasks_run_between_its_lines():
+    """A read of hundreds of lines is handled a turn at a time, other tasks running in between
+    (without it, one read was one uninterrupted step: the other session's p99 above went from
+    ~8 ms to ~50 ms). (A step of the observer can fall either side of a turn: two turns can
+    pair up between two of its notes.)"""
+    steps = await _relayed_between_rounds(1, 320)
+    assert len(steps) >= 2, steps
+    assert max(steps) <= 2 * READ_ROUND_LINES, steps
+
+
+async def test_busy_agent_readers_share_one_budget_of_lines_per_round():
+    """Four agents flooding at once get a quarter of ``READ_ROUND_LINES`` per turn each, so a
+    round of the scheduler (what each hop of any other round trip waits for) holds about the
+    same work as with one: with a fixed turn per reader it would hold four times as much."""
+    steps = await _relayed_between_rounds(4, 320)
+    # (The first round is larger: the readers start one by one, each seeing fewer busy.)
+    assert max(steps[1:]) <= 2 * READ_ROUND_LINES, steps
+    assert len(steps) >= 4 * 320 // (2 * READ_ROUND_LINES), steps
 
 
 # -- WebSocket abuse -------------------------------------------------------------------------------

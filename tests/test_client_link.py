@@ -1,0 +1,140 @@
+"""A client link's outbound queue: the answer lane, and each session's order through it."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acp_bridge._bridge import LANE_MAX, ClientLink
+
+
+def link(queue_size: int = 64) -> ClientLink:
+    return ClientLink(name="t", queue_size=queue_size, blocking=True)
+
+
+async def drain(client: ClientLink) -> list[bytes]:
+    """What the writer writes of everything queued so far (the link stays open)."""
+    out: list[bytes] = []
+    queued = client.queue_depth()
+    while len(out) < queued:
+        out += [m.rstrip(b"\n") for m in await client._take(1 << 20)]
+    return out
+
+
+async def test_an_answer_of_a_quiet_session_is_written_before_other_sessions_floods():
+    client = link()
+    for i in range(5):
+        client.put_update(f"a{i}\n".encode(), "A")
+    await client.send_answer(b"answer-B\n", "B")
+    assert await drain(client) == [b"answer-B", b"a0", b"a1", b"a2", b"a3", b"a4"]
+
+
+async def test_an_answer_stays_behind_what_its_own_session_has_queued():
+    client = link()
+    client.put_update(b"a0\n", "A")
+    client.put_update(b"b0\n", "B")
+    client.put_update(b"a1\n", "A")
+    await client.send_answer(b"answer-B\n", "B")
+    assert await drain(client) == [b"a0", b"b0", b"a1", b"answer-B"]
+    # Once B's update is written, B's next answer goes ahead again.
+    client.put_update(b"a2\n", "A")
+    await client.send_answer(b"answer-B2\n", "B")
+    assert await drain(client) == [b"answer-B2", b"a2"]
+
+
+async def test_an_answer_stays_behind_a_message_of_no_known_session():
+    client = link()
+    client.put_update(b"a0\n", "A")
+    await client.send(b"note\n")  # (a notice the bridge sends: of no known session)
+    await client.send_answer(b"answer-B\n", "B")
+    assert await drain(client) == [b"a0", b"note", b"answer-B"]
+
+
+async def test_an_answer_stays_behind_its_sessions_message_waiting_for_room():
+    client = link(queue_size=2)
+    client.put_update(b"a0\n", "A")
+    client.put_update(b"a1\n", "A")
+    async with trio.open_nursery() as nursery:
+        # B's update waits for room (the queue is full of A's): B has nothing queued, but
+        # its answer must not overtake the update that waits.
+        nursery.start_soon(client.send, b"b0\n", "B")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(client.send_answer, b"answer-B\n", "B")
+        await trio.testing.wait_all_tasks_blocked()
+        out = await drain(client)
+        out += await drain(client)
+    out += await drain(client)
+    assert out == [b"a0", b"a1", b"b0", b"answer-B"]
+
+
+async def test_the_lane_holds_at_most_lane_max_answers_then_they_queue():
+    client = link(queue_size=LANE_MAX * 2)
+    client.put_update(b"flood\n", "A")
+    for i in range(LANE_MAX + 1):
+        await client.send_answer(f"answer-{i}\n".encode(), f"S{i}")
+    out = await drain(client)
+    assert out[:LANE_MAX] == [f"answer-{i}".encode() for i in range(LANE_MAX)]
+    assert out[LANE_MAX:] == [b"flood", f"answer-{LANE_MAX}".encode()]
+
+
+async def test_the_writer_takes_the_lane_first_and_the_queue_after_it_in_one_write():
+    client = link()
+    client.put_update(b"a0\n", "A")
+    await client.send_answer(b"answer-B\n", "B")
+    send, receive = trio.testing.memory_stream_pair()
+    client.finish()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.pump, send)
+        assert await receive.receive_some() == b"answer-B\na0\n"
+
+
+# Any interleaving of updates, answers and notices of no session, with the writer taking
+# batches of any size in between: each session's messages are written in the order they were
+# sent, a notice before anything sent after it, and every message exactly once.
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("update"), st.sampled_from("ABC")),
+        st.tuples(st.just("answer"), st.sampled_from("ABC")),
+        st.tuples(st.just("note"), st.none()),
+        st.tuples(st.just("take"), st.integers(1, 40)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops)
+def test_property_the_lane_keeps_each_sessions_order(ops):
+    async def main() -> None:
+        client = link(queue_size=1000)
+        sent: list[tuple[str, str | None, int]] = []
+        out: list[bytes] = []
+        for n, (op, arg) in enumerate(ops):
+            if op == "take":
+                if client.queue_depth():
+                    out.extend(await client._take(arg))
+                continue
+            data = f"{n}\n".encode()
+            sent.append((op, arg, n))
+            if op == "update":
+                client.put_update(data, arg)
+            elif op == "answer":
+                await client.send_answer(data, arg)
+            else:
+                await client.send(data)
+        while client.queue_depth():
+            out.extend(await client._take(1 << 20))
+        order = [int(m) for m in out]
+        assert sorted(order) == [n for _, _, n in sent]  # each exactly once
+        position = {n: i for i, n in enumerate(order)}
+        for session in "ABC":
+            mine = [n for _, s, n in sent if s == session]
+            assert [n for n in order if n in set(mine)] == mine
+        for op, _, note in sent:
+            if op == "note":
+                later = [n for _, _, n in sent if n > note]
+                assert all(position[n] > position[note] for n in later)
+
+    trio.run(main)

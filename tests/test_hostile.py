@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import json
 import os
 import socket
@@ -313,7 +314,7 @@ async def _relayed_between_rounds(agents: int, lines: int) -> list[int]:
             while seen[-1] < agents * lines:
                 await trio.lowlevel.checkpoint()
                 seen.append(bridge.counters["from_agent"] - base)
-    return [b - a for a, b in zip(seen, seen[1:], strict=False) if b > a]
+    return [b - a for a, b in itertools.pairwise(seen) if b > a]
 
 
 async def test_one_big_read_from_an_agent_lets_other_tasks_run_between_its_lines():

@@ -59,7 +59,8 @@ async def with_bridge(
     watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way. The store
     (``[store] path``) holds the audit trail; it is opened first and closed last. ``tracer``
     sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`). With
-    glibc, freed heap memory is given back to the system every few seconds (see ``_heap``).
+    glibc, freed heap memory is given back to the system after each burst of traffic
+    (see ``_heap``).
 
     Raises:
         StoreError: the store cannot be opened (or is of a newer schema).
@@ -75,7 +76,6 @@ async def with_bridge(
                     reaper=reaper, stop_grace=config.bridge.stop_grace
                 )
             outer.start_soon(_cancel_on_signals, outer.cancel_scope)
-            outer.start_soon(trim_heap_forever)
             async with trio.open_nursery() as inner:
                 bridge = Bridge(
                     config,
@@ -86,6 +86,10 @@ async def with_bridge(
                     journal=_journal_of(config, store),
                 )
                 await inner.start(bridge.run)
+                counters = bridge.counters
+                inner.start_soon(
+                    trim_heap_forever, lambda: counters["from_agent"] + counters["to_client"]
+                )
                 try:
                     await body(bridge)
                 finally:

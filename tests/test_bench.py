@@ -80,6 +80,8 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
     assert isinstance(memory["per_session_bytes"], float)
     assert len(memory["rss_after_runs_bytes"]) == 3
     assert all(positive(b) for b in memory["rss_after_runs_bytes"])
+    assert len(memory["rss_settled_after_runs_bytes"]) == 3
+    assert all(positive(b) for b in memory["rss_settled_after_runs_bytes"])
 
     targets = results["targets"]
     assert len(targets) >= 9

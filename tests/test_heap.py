@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import sys
 
+import attrs
 import pytest
 import trio
+import trio.testing
 
-from acp_bridge import _heap
+from acp_bridge import _heap, _stdio
+from acp_bridge._agent import make_in_process_launcher
+from acp_bridge._config import StoreConfig
+
+from .fakes import FakeAgent, make_config
 
 glibc = pytest.mark.skipif(
     not sys.platform.startswith("linux") or _heap.malloc_trim() is None,
@@ -39,23 +45,73 @@ def test_trim_gives_back_the_free_pages_a_fragmented_heap_keeps():
     assert len(kept) == 1250
 
 
-async def test_the_daemon_trims_every_interval_in_a_worker_thread(monkeypatch, autojump_clock):
-    times: list[float] = []
+async def _trims(monkeypatch, traffic_times: list[float], until: float) -> list[float]:
+    """When the trimmer trims (mock clock), with a message at each of ``traffic_times``."""
+    trims: list[float] = []
+    count = 0
 
     async def in_thread(fn):
         assert fn is _heap.trim_heap
-        times.append(trio.current_time())
+        trims.append(trio.current_time())
         return 0.001
+
+    async def traffic() -> None:
+        nonlocal count
+        for t in traffic_times:
+            await trio.sleep_until(t)
+            count += 1
 
     monkeypatch.setattr(_heap, "malloc_trim", lambda: lambda pad: 1)
     monkeypatch.setattr(trio.to_thread, "run_sync", in_thread)
-    with trio.move_on_after(35):
-        await _heap.trim_heap_forever(10)
-    assert times == [10.0, 20.0, 30.0]
+    with trio.move_on_after(until):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(traffic)
+            await _heap.trim_heap_forever(lambda: count, interval=10, quiet=1)
+    return trims
+
+
+async def test_no_trim_while_nothing_happens(monkeypatch, autojump_clock):
+    assert await _trims(monkeypatch, [], 100) == []
+
+
+async def test_a_trim_once_a_burst_is_over(monkeypatch, autojump_clock):
+    # Messages at 0.5..3.5 s; the checks at 4 s (one more than at 3 s) and 5 s (none: over).
+    trims = await _trims(monkeypatch, [0.5, 1.5, 2.5, 3.5], 60)
+    assert trims == [5.0]
+
+
+async def test_every_interval_while_traffic_goes_on(monkeypatch, autojump_clock):
+    traffic = [i / 4 for i in range(1, 4 * 35)]  # a message every 0.25 s for 35 s
+    trims = await _trims(monkeypatch, traffic, 60)
+    assert trims == [10.0, 20.0, 30.0, 36.0]  # (and once more when it stops)
 
 
 async def test_without_malloc_trim_the_trimmer_returns_at_once(monkeypatch, autojump_clock):
     monkeypatch.setattr(_heap, "malloc_trim", lambda: None)
     start = trio.current_time()
-    await _heap.trim_heap_forever(10)
+    await _heap.trim_heap_forever(lambda: 0)
     assert trio.current_time() == start
+
+
+async def test_the_daemon_runs_the_trimmer_on_its_own_traffic(monkeypatch):
+    started: list[object] = []
+
+    async def trimmer(activity, **_: object) -> None:
+        started.append(activity)
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(_stdio, "trim_heap_forever", trimmer)
+    config = attrs.evolve(make_config({"a": FakeAgent("a")}), store=StoreConfig(path=":memory:"))
+
+    async def body(bridge) -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        [activity] = started
+        before = activity()
+        bridge.counters["from_agent"] += 3
+        bridge.counters["to_client"] += 2
+        assert activity() == before + 5
+
+    launcher = make_in_process_launcher({"a": FakeAgent("a")})
+    with trio.fail_after(10):
+        await _stdio.with_bridge(config, body, launcher=launcher)
+    assert len(started) == 1

@@ -16,7 +16,7 @@ from acp_bridge import _store
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
-from acp_bridge._journal import Journal
+from acp_bridge._journal import RUN_MAX_BYTES, Journal
 from acp_bridge._store import JournalEntry, SessionRow, open_store
 
 from .fakes import FakeAgent, TestClient, connect, make_config, open_bridge
@@ -118,6 +118,32 @@ async def test_journal_writes_runs_of_entries_and_reads_them_back_one_by_one(tmp
     assert store.journal_bounds("s1") == (12, 30)
     assert store.journal_bounds("s2") == (1, 13)  # (its last 15 reach back to its first run)
     journal.delete("s2")
+    store.close()
+
+
+async def test_a_run_row_holds_at_most_run_max_bytes(tmp_path):
+    """A flood is written as rows of up to ``RUN_MAX_BYTES`` (SQLite handles rows of
+    megabytes slowly), read back entry by entry as one."""
+    store = open_store(str(tmp_path / "b.db"))
+    journal = Journal(store)
+    line = b'{"text":"%s"}\n' % (b"x" * 1000)
+    per_row = RUN_MAX_BYTES // len(line)
+    total = 3 * per_row + 5
+    for seq in range(1, total + 1):
+        journal.entry("s1", seq, line)
+    await journal._commit()
+    rows = store._conn.execute(
+        "SELECT first_seq, last_seq, length(data) FROM journal ORDER BY first_seq"
+    ).fetchall()
+    assert [(first, last) for first, last, _ in rows] == [
+        (1, per_row),
+        (per_row + 1, 2 * per_row),
+        (2 * per_row + 1, 3 * per_row),
+        (3 * per_row + 1, total),
+    ]
+    assert all(size <= RUN_MAX_BYTES for _, _, size in rows)
+    assert [e.seq for e in store.journal("s1")] == list(range(1, total + 1))
+    assert {e.data for e in store.journal("s1")} == {line}
     store.close()
 
 

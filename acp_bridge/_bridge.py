@@ -1879,6 +1879,59 @@ class Bridge:
         if not agent.send_nowait(dumps(msg)):
             self._not_delivered(client, agent, "session/cancel", session)
         await self._settle_permissions(session, "cancelled", "cancel")
+        grace = self.config.bridge.cancel_grace
+        key = ("cancel", session)
+        if grace > 0 and key not in self.deadlines and self._prompts_of(agent, session):
+            # (A second cancel does not push the deadline back.)
+            self.deadlines.schedule(
+                key,
+                trio.current_time() + grace,
+                functools.partial(self._cancel_grace_expired, agent, session),
+            )
+
+    def _prompts_of(self, agent: AgentLink, session: Session) -> list[int]:
+        """The agent-link ids of the session's prompts still waiting on ``agent``."""
+        return [
+            bridge_id
+            for bridge_id, entry in agent.pending.find(
+                lambda e: (
+                    isinstance(e, Forwarded)
+                    and e.session is session
+                    and e.method == "session/prompt"
+                )
+            )
+        ]
+
+    async def _cancel_grace_expired(self, agent: AgentLink, session: Session) -> None:
+        """
+        ``cancel_grace`` passed since a ``session/cancel`` and the agent still has not ended
+        the turn: each of the session's prompts still waiting on it is answered
+        ``cancelled`` here, as if by the agent (so held, ordered and accounted the same
+        way); the agent's own answer, if it ever comes, finds nothing waiting and is
+        dropped (logged).
+        """
+        late = self._prompts_of(agent, session)
+        if not late:
+            return
+        grace = self.config.bridge.cancel_grace
+        self.log.warning(
+            "cancel_grace_expired", agent=agent.name, session=session.bridge_id, prompts=len(late)
+        )
+        for bridge_id in late:
+            result = {
+                "stopReason": "cancelled",
+                "_meta": {"acp_bridge": {"cancelGraceExpired": grace}},
+            }
+            await self._agent_response(agent, {"jsonrpc": "2.0", "id": bridge_id, "result": result})
+        client = session.client
+        if client is not None and not client.closed:
+            await self.send_log(
+                client,
+                "warning",
+                f"agent {agent.name!r} did not end the cancelled turn within {grace:g}s: "
+                "the bridge ended it; the agent's late answer will be dropped",
+                session=session,
+            )
 
     async def _settle_permissions(self, session: Session, outcome: str, reason: str) -> None:
         """Answer every pending permission request of a session ``outcome`` at once."""

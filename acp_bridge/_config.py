@@ -130,6 +130,9 @@ class BridgeConfig:
             SIGKILL.
         detach_grace: seconds a session outlives the connection that owned it (its agent
             keeps working; a new connection takes it back with session/resume or load).
+        cancel_grace: seconds an agent has to end a cancelled turn (answer its
+            ``session/prompt``) after ``session/cancel``; past them the bridge answers the
+            prompt ``cancelled`` itself and drops the agent's late answer. 0: wait forever.
         history_limit: updates the bridge keeps per session for session/load replay.
         history_bytes: bytes of updates kept per session for replay (the older are trimmed).
     """
@@ -144,6 +147,7 @@ class BridgeConfig:
     crash_loop_window: float = 60.0
     stop_grace: float = 2.0
     detach_grace: float = 300.0
+    cancel_grace: float = 10.0
     history_limit: int = 10_000
     history_bytes: int = 16 * 1024 * 1024
 
@@ -507,6 +511,7 @@ def _check(config: Config) -> list[str]:
     need(bridge.client_queue >= 1, "bridge.client_queue", "must be at least 1")
     need(bridge.agent_queue >= 1, "bridge.agent_queue", "must be at least 1")
     need(bridge.detach_grace >= 0, "bridge.detach_grace", "must not be negative")
+    need(bridge.cancel_grace >= 0, "bridge.cancel_grace", "must not be negative")
     need(bridge.history_limit >= 0, "bridge.history_limit", "must not be negative")
     need(bridge.history_bytes >= 0, "bridge.history_bytes", "must not be negative")
     need(bridge.restart_backoff_initial > 0, "bridge.restart_backoff_initial", "must be positive")

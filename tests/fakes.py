@@ -38,6 +38,7 @@ class FakeAgent:
     - ``permission``: asks permission; reports the outcome in a chunk, then end_turn;
     - ``read PATH`` / ``write PATH TEXT``: calls fs/*, reports the result;
     - ``wait``: waits for session/cancel, then stopReason cancelled;
+    - ``hang``: ignores session/cancel; ends the turn (end_turn) once ``release`` is set;
     - ``crash``: the process dies mid-prompt (after one update);
     - ``echo-meta``: replies with the params it received (to check forwarding).
     """
@@ -92,6 +93,7 @@ class FakeAgent:
             await trio.sleep_forever()
         decoder = LineDecoder()
         self.stalled = trio.Event()
+        self.release = trio.Event()
         async with trio.open_nursery() as nursery:
             while data := await receive.receive_some(65536):
                 if self.stalled.is_set():
@@ -239,6 +241,9 @@ class FakeAgent:
             await self.update(sid, f"{self.name}:{sid}:waiting")
             await event.wait()
             return {"stopReason": "cancelled"}
+        elif command == "hang":
+            await self.update(sid, f"{self.name}:{sid}:hanging")
+            await self.release.wait()
         elif command == "noise":
             assert self.stderr is not None
             await self.stderr.send_all(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import given, settings
@@ -209,6 +210,86 @@ async def test_cancel_is_forwarded_and_ends_the_turn():
             nursery.start_soon(prompt)
             await client.wait_for(lambda m: "waiting" in str(m))
             await client.notify("session/cancel", {"sessionId": sid})
+
+
+async def _hanging_prompt(client, sid, nursery):
+    """A prompt the agent will not end on cancel (``hang``); a receive channel for its answer."""
+    send, receive = trio.open_memory_channel(1)
+
+    async def prompt():
+        send.send_nowait(await client.prompt(sid, "hang"))
+
+    nursery.start_soon(prompt)
+    await client.wait_for(lambda m: "hanging" in str(m))
+    return receive
+
+
+async def test_a_turn_the_agent_does_not_end_after_cancel_is_ended_at_cancel_grace(
+    autojump_clock,
+):
+    a = FakeAgent("a")
+    async with (
+        open_bridge({"a": a}, cancel_grace=10) as (client, bridge),
+        trio.open_nursery() as nursery,
+    ):
+        sid = await client.new_session()
+        answer = await _hanging_prompt(client, sid, nursery)
+        start = trio.current_time()
+        await client.notify("session/cancel", {"sessionId": sid})
+        await trio.sleep(5)
+        await client.notify("session/cancel", {"sessionId": sid})  # (does not push it back)
+        with trio.fail_after(60):
+            response = await answer.receive()
+        assert trio.current_time() - start == 10
+        assert response["result"] == {
+            "stopReason": "cancelled",
+            "_meta": {"acp_bridge": {"cancelGraceExpired": 10}},
+        }
+        [warning] = [m for m in client.received if m.get("method") == "_acp_bridge/log"]
+        assert "did not end the cancelled turn within 10s" in warning["params"]["data"]["message"]
+        # The agent's own answer, when it comes at last, is dropped: one answer per request.
+        a.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [m for m in client.received if m.get("id") == response["id"]] == [response]
+        assert not bridge.agents["a"].pending
+        assert (await client.prompt(sid, "count 1"))["result"] == {"stopReason": "end_turn"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_turn_the_agent_ends_on_cancel_is_its_own_answer(autojump_clock):
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, cancel_grace=10) as (client, bridge):
+        sid = await client.new_session()
+        async with trio.open_nursery() as nursery:
+
+            async def prompt():
+                response = await client.prompt(sid, "wait")
+                assert response["result"] == {"stopReason": "cancelled"}
+
+            nursery.start_soon(prompt)
+            await client.wait_for(lambda m: "waiting" in str(m))
+            await client.notify("session/cancel", {"sessionId": sid})
+        await trio.sleep(60)
+        assert not [m for m in client.received if m.get("method") == "_acp_bridge/log"]
+        assert not bridge.deadlines
+
+
+async def test_cancel_grace_0_waits_for_the_agent_forever(autojump_clock):
+    a = FakeAgent("a")
+    async with (
+        open_bridge({"a": a}, cancel_grace=0) as (client, _),
+        trio.open_nursery() as nursery,
+    ):
+        sid = await client.new_session()
+        answer = await _hanging_prompt(client, sid, nursery)
+        await client.notify("session/cancel", {"sessionId": sid})
+        await trio.sleep(3600)
+        with pytest.raises(trio.WouldBlock):
+            answer.receive_nowait()
+        a.release.set()
+        response = await answer.receive()
+        assert response["result"] == {"stopReason": "end_turn"}
+        nursery.cancel_scope.cancel()
 
 
 async def test_fs_calls_cross_to_the_client_and_back():

@@ -457,6 +457,22 @@ class SoakClient:
 # --- the run --------------------------------------------------------------------------------
 
 
+def minute_floors(points: list[tuple[float, float]], start: float) -> list[tuple[float, float]]:
+    """
+    The lowest sample of each whole minute from ``start`` (informational: bursts swing RSS
+    by megabytes for seconds at a time, a leak raises the floor).
+    """
+    minutes: dict[int, list[tuple[float, float]]] = {}
+    for t, value in points:
+        minutes.setdefault(int((t - start) // 60), []).append((t, value))
+    last = max(minutes, default=-1)
+    return [
+        min(group, key=lambda p: p[1])
+        for minute, group in sorted(minutes.items())
+        if minute < last or group[-1][0] - start >= 60 * (minute + 1) - 1
+    ]
+
+
 def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
     """Least-squares slope of (seconds, value) points, per minute."""
     if len(points) < 2:
@@ -634,6 +650,7 @@ async def soak(
     max_age = max((s["oldest_pending_s"] for s in samples), default=0.0)
     judged = [(s["t"], s["rss_kib"]) for s in samples if s["t"] >= args.warmup]
     slope = slope_per_minute(judged)
+    floors = minute_floors(judged, args.warmup)
     return {
         "duration_s": round(time.monotonic() - started, 1),
         "agents": args.agents,
@@ -653,6 +670,7 @@ async def soak(
         "rss_start_kib": first["rss_kib"],
         "rss_end_kib": last["rss_kib"],
         "rss_slope_kib_per_min": None if slope is None else round(slope, 2),
+        "rss_minute_floors_kib": [r for _, r in floors],
         "fds_start": first["fds"],
         "fds_end": last["fds"],
         "fd_growth": last["fds"] - first["fds"],
@@ -777,7 +795,9 @@ def print_report(report: dict[str, Any]) -> None:
         f"{counts.get('loads', 0)} loads",
         f"  RSS: {report['rss_start_kib']} -> {report['rss_end_kib']} KiB, slope "
         + ("n/a" if slope is None else f"{slope:+.1f} KiB/min")
-        + " (after warm-up)",
+        + " (after warm-up); lowest of each minute after it: "
+        + (", ".join(str(r) for r in report["rss_minute_floors_kib"]) or "n/a")
+        + " KiB",
         f"  FDs: {report['fds_start']} -> {report['fds_end']}",
         f"  oldest pending request: {report['max_pending_age_s']:.2f} s; never answered: "
         f"{report['unanswered']}; lost with a dropped connection: "

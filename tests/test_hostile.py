@@ -40,6 +40,7 @@ from acp_bridge._bridge import READ_CHUNK, READ_ROUND_LINES, Bridge
 from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfig
 from acp_bridge._jsonrpc import dumps
 from acp_bridge._ws import serve_websocket
+from bench.soak import minute_floors
 
 from .fakes import FakeAgent, open_bridge
 from .test_e2e import rss_kib
@@ -549,3 +550,11 @@ async def test_a_short_soak_holds_every_check(tmp_path):
     assert counts["loads"] >= counts["reconnects"]
     assert len(report["samples"]) >= 5
     print("\n" + done.stdout.decode())
+
+
+def test_the_soak_reports_the_lowest_rss_of_each_whole_minute():
+    values = [5, 3, 4, 9, 9, 9, 2, 8, 8, 8, 8, 8, 7]  # a sample every 10 s from t = 600
+    points = [(600.0 + 10 * i, float(v)) for i, v in enumerate(values)]
+    # The third minute has one sample so far: not a whole minute, left out.
+    assert minute_floors(points, 600.0) == [(610.0, 3.0), (660.0, 2.0)]
+    assert minute_floors([], 600.0) == []

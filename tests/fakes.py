@@ -126,19 +126,7 @@ class FakeAgent:
         return await receive.receive()
 
     async def update(self, sid: str, text: str) -> None:
-        await self.write(
-            {
-                "jsonrpc": "2.0",
-                "method": "session/update",
-                "params": {
-                    "sessionId": sid,
-                    "update": {
-                        "sessionUpdate": "agent_message_chunk",
-                        "content": {"type": "text", "text": text},
-                    },
-                },
-            }
-        )
+        await self.write(chunk_update(sid, text))
 
     def _notification(self, msg: dict[str, Any]) -> None:
         if msg["method"] == "session/cancel":
@@ -384,6 +372,21 @@ class TestClient:
                     return msg
             seen = len(self.received)
             await self.changed.wait()
+
+
+def chunk_update(sid: str, text: str) -> dict[str, Any]:
+    """An ``agent_message_chunk`` session/update notification."""
+    return {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {
+            "sessionId": sid,
+            "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": text},
+            },
+        },
+    }
 
 
 def make_config(agents: dict[str, FakeAgent], *, policy: Any = None, **bridge: Any) -> Config:

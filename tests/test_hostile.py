@@ -42,7 +42,7 @@ from acp_bridge._jsonrpc import dumps
 from acp_bridge._ws import serve_websocket
 from bench.soak import minute_floors
 
-from .fakes import FakeAgent, open_bridge
+from .fakes import FakeAgent, chunk_update, open_bridge
 from .test_e2e import rss_kib
 from .test_ws import (
     AUTH,
@@ -271,22 +271,7 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
 
 def _updates_chunk(sid: str, lines: int) -> bytes:
     """``lines`` session updates in one chunk (one read for the bridge)."""
-    chunk = b"".join(
-        dumps(
-            {
-                "jsonrpc": "2.0",
-                "method": "session/update",
-                "params": {
-                    "sessionId": sid,
-                    "update": {
-                        "sessionUpdate": "agent_message_chunk",
-                        "content": {"type": "text", "text": f"{i}"},
-                    },
-                },
-            }
-        )
-        for i in range(lines)
-    )
+    chunk = b"".join(dumps(chunk_update(sid, f"{i}")) for i in range(lines))
     assert len(chunk) < READ_CHUNK
     return chunk
 

@@ -434,11 +434,8 @@ class ClientLink:
                 return trio.lowlevel.Abort.SUCCEEDED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
-        if waiting.cancelled_caught and self.link_open():
+        if waiting.cancelled_caught and not self.closed:
             self.close(f"client is not reading: outbound queue full for {timeout:g}s")
-
-    def link_open(self) -> bool:
-        return not self.closed
 
     def send_nowait(self, data: bytes) -> bool:
         if self.closed:
@@ -2495,25 +2492,22 @@ class Bridge:
 
     async def _withdraw_parked(self, agent: AgentLink, request_id: JsonRpcId) -> None:
         """A withdrawn request parked for a reattach: answered now, never shown again."""
-        for session in self.sessions.of_agent(agent.name):
-            for entry in session.parked:
-                if entry.origin is agent and entry.origin_id == request_id:
-                    break
-            else:
-                continue
-            if isinstance(entry.extra, Ask):
-                await self.approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
-                return
-            session.parked.remove(entry)
-            withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
-            agent.send_nowait(dumps(error_msg(request_id, withdrawn)))
+        found = self._find_parked(agent, request_id)
+        if found is None:
             return
+        session, entry = found
+        if isinstance(entry.extra, Ask):
+            await self.approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
+            return
+        session.parked.remove(entry)
+        withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
+        agent.send_nowait(dumps(error_msg(request_id, withdrawn)))
 
     async def _agent_request(self, agent: AgentLink, msg: JsonObject) -> None:
         method: str = msg["method"]
         params = params_of(msg)
         agent_id = msg["id"]
-        if agent_id in agent.inflight or self._is_parked(agent, agent_id):
+        if agent_id in agent.inflight or self._find_parked(agent, agent_id) is not None:
             # One request per id: a second would hide the first from the bookkeeping, and
             # its answer could then reach the agent's next process after a restart. (A
             # parked request is still in flight: it is shown again to the next connection.)
@@ -2573,14 +2567,15 @@ class Bridge:
             params["sessionId"] = session.bridge_id
         await client.send(dumps(msg))
 
-    def _is_parked(self, agent: AgentLink, agent_id: JsonRpcId) -> bool:
-        """Whether a request of ``agent`` with that id waits for a session's next owner."""
-        return any(
-            entry.origin is agent and entry.origin_id == agent_id
-            for session in self.sessions.of_agent(agent.name)
-            if session.parked
-            for entry in session.parked
-        )
+    def _find_parked(
+        self, agent: AgentLink, agent_id: JsonRpcId
+    ) -> tuple[Session, Forwarded] | None:
+        """The request of ``agent`` with that id waiting for a session's next owner, if any."""
+        for session in self.sessions.of_agent(agent.name):
+            for entry in session.parked:
+                if entry.origin is agent and entry.origin_id == agent_id:
+                    return session, entry
+        return None
 
     async def _contain(
         self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session

@@ -964,6 +964,9 @@ class Bridge:
 
     def _forget(self, session: Session, *, delete: bool = False) -> None:
         """A closed session: marked closed in the store (its journal kept); deleted: gone."""
+        # (A grace period that was running must not close it a second time; its cancel
+        # deadline is left to answer prompts the agent may still hold.)
+        self.deadlines.cancel(("detach", session))
         if self.journal is not None:
             if delete:
                 self.journal.delete(session.bridge_id)
@@ -1437,7 +1440,6 @@ class Bridge:
     async def _reused_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
         """An ended session whose agent id went to a new session: it can only be closed."""
         if msg["method"] in ("session/close", "session/delete"):
-            self.deadlines.cancel(("detach", session))
             self.sessions.remove(session)
             self._forget(session, delete=msg["method"] == "session/delete")
             await client.send(dumps(result_msg(msg["id"], {})))
@@ -1644,7 +1646,6 @@ class Bridge:
             dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
         )
         await self._settle_permissions(session, "cancelled", "close")
-        self.deadlines.cancel(("detach", session))
         self.sessions.remove(session)
         self._forget(session, delete=msg["method"] == "session/delete")
         await client.send(dumps(result_msg(msg["id"], {})))

@@ -82,6 +82,8 @@ class FakeAgent:
         self._send: trio.abc.SendStream | None = None
         self._lock = trio.Lock()
         self.client_capabilities: dict[str, Any] = {}
+        #: when set to an event, session/close is answered only once it is set
+        self.close_gate: trio.Event | None = None
         #: its stderr (set by the in-process launcher)
         self.stderr: trio.abc.SendStream | None = None
 
@@ -176,6 +178,8 @@ class FakeAgent:
             if method == "session/load":
                 await self.update(sid, f"{self.name}:{sid}:replay")
             if method == "session/close":
+                if self.close_gate is not None:
+                    await self.close_gate.wait()
                 self.sessions.remove(sid)
             return {}
         if method == "session/prompt":

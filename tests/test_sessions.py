@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import gc
 import json
+import weakref
 
 import trio
 import trio.testing
@@ -152,6 +154,52 @@ async def test_reattaching_within_grace_keeps_the_session(autojump_clock):
             assert bridge.sessions.get(sid).client is not None
             assert not [m for m in a.received if m.get("method") == "session/close"]
             nursery.cancel_scope.cancel()
+
+
+async def test_a_closed_session_is_freed_at_once_after_a_reattach(autojump_clock):
+    # The reattach cancels the grace period's timer; a cancelled timer used to keep its
+    # session (and the session's whole history) alive until its time would have come
+    # (detach_grace: 300 s by default), so every reconnect held closed sessions' histories.
+    a = FakeAgent("a")
+    async with open_bridge({"a": a}, detach_grace=300.0) as (first, bridge):
+        sid = await first.new_session()
+        await first.prompt(sid, "count 5")
+        await first.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery:
+            second = await connect(bridge, nursery)
+            await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            session = weakref.ref(bridge.sessions.get(sid))
+            assert session() is not None
+            await second.call("session/close", {"sessionId": sid})
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            assert session() is None
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_close_answered_after_its_connection_dropped_does_not_close_again(autojump_clock):
+    # The owner asks for session/close and drops before the answer: the session is detached
+    # (a grace period starts), then the answer closes it. The grace period must end with it,
+    # not hold the closed session until it "expires" and closes it a second time.
+    a = FakeAgent("a")
+    a.close_gate = trio.Event()
+    async with open_bridge({"a": a}, detach_grace=30.0) as (first, bridge):
+        sid = await first.new_session()
+        await first.send(
+            {"jsonrpc": "2.0", "id": 99, "method": "session/close", "params": {"sessionId": sid}}
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        await first.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        assert bridge.sessions.get(sid).detach_deadline is not None
+        a.close_gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert bridge.sessions.get(sid) is None
+        assert len(bridge.deadlines) == 0  # no timer left holding the closed session
+        await trio.sleep(60)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len([m for m in a.received if m.get("method") == "session/close"]) == 1
 
 
 async def test_second_connection_takes_a_live_session_over():

@@ -168,6 +168,40 @@ def test_a_journal_of_the_previous_schema_is_migrated_entry_by_entry(tmp_path):
     store.close()
 
 
+def test_a_journal_of_runs_in_a_without_rowid_table_is_migrated(tmp_path):
+    """A store of schema 3 (runs in a WITHOUT ROWID table, 4 KiB pages) opens with its runs
+    intact; the rewritten table still refuses two runs at one (session, first seq) — a run
+    written again replaces the old one — and the store keeps its own page size."""
+    path = str(tmp_path / "v3.db")
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA page_size=4096")
+    for number, script in enumerate(_store.MIGRATIONS[:3], start=1):
+        conn.executescript(f"BEGIN;{script};PRAGMA user_version={number};COMMIT;")
+    conn.executemany(
+        "INSERT INTO journal VALUES (?,?,?,?,?,?)",
+        [("s1", 1, 3, 1, 1.0, b"u1\nu2\nu3\n"), ("s1", 4, 4, 0, 2.0, b"p4\n")],
+    )
+    conn.commit()
+    conn.close()
+    store = open_store(path)
+    assert [(e.seq, e.live, e.data) for e in store.journal("s1")] == [
+        (1, True, b"u1\n"), (2, True, b"u2\n"), (3, True, b"u3\n"), (4, False, b"p4\n"),
+    ]  # fmt: skip
+    store.write(journal_runs=[("s1", 4, 5, 1, 3.0, b"u4\nu5\n")])
+    assert [e.data for e in store.journal("s1", after_seq=3)] == [b"u4\n", b"u5\n"]
+    assert store._conn.execute("SELECT COUNT(*) FROM journal").fetchone() == (2,)
+    assert store._conn.execute("PRAGMA page_size").fetchone() == (4096,)
+    assert store._conn.execute("PRAGMA user_version").fetchone() == (len(_store.MIGRATIONS),)
+    store.close()
+
+
+def test_a_new_store_has_pages_of_page_size(tmp_path):
+    store = open_store(str(tmp_path / "new.db"))
+    assert store._conn.execute("PRAGMA page_size").fetchone() == (_store.PAGE_SIZE,)
+    assert store._conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    store.close()
+
+
 async def test_restart_lists_the_session_and_replays_the_journal_when_the_agent_cannot(tmp_path):
     """The new agent process does not know the session: journal replay + a clear statement,
     and a prompt then fails with -32002 saying why."""

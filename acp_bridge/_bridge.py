@@ -830,9 +830,8 @@ class Bridge:
             session.setup = dict(row.setup)
             session.unattended = row.unattended
             session.created = row.created
-            history = self._history(session)
             _, last = await trio.to_thread.run_sync(store.journal_bounds, row.bridge_id)
-            history.last_seq = last
+            self._history(session).continue_from(last)
         leftovers = await trio.to_thread.run_sync(store.pending_approvals)
         for key, sid, agent, _params in leftovers:
             await self.audit.record(
@@ -1663,9 +1662,9 @@ class Bridge:
                     "session/update", {"sessionId": session.bridge_id, "update": update}
                 )
             )
-            seq = history.append(data, live=False)
-            if self.journal is not None:
-                self.journal.entry(session.bridge_id, seq, data, live=False)
+            history.append(data, live=False)
+        if self.journal is not None:
+            self.journal.updated(session.bridge_id, history)
 
     async def _load_unknown(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
@@ -2420,7 +2419,7 @@ class Bridge:
             # (An agent's own load replay repeats what the journal has: not recorded again.)
             seq = history.append(data)
             if self.journal is not None:
-                self.journal.entry(session.bridge_id, seq, data)
+                self.journal.updated(session.bridge_id, history)
         update = params.get("update")
         if type(update) is dict:
             kind = update.get("sessionUpdate")

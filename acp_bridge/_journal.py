@@ -2,22 +2,29 @@
 The journal's trio side: sessions, their relayed updates and pending approvals go to the store
 in batches — one transaction per burst, never one per message — off the event loop.
 
-Recording never waits: the bridge's hot path appends to a list and wakes the writer. The
-writer commits what has gathered every ``interval`` seconds at most (so a ``kill -9`` loses at
-most the last ``interval`` plus one transaction's worth of updates; a clean stop loses
-nothing). Bounded: past ``max_backlog`` uncommitted entries, new entries are dropped and their
-sessions marked as having a gap, which a later replay reports as "resync required".
+Recording never waits and costs the hot path one dict lookup: the updates are already in the
+session's in-memory history (``History``), so the bridge only tells the journal which
+session has new entries (:meth:`Journal.updated`), and the writer takes them from the history
+when it commits. It commits what has gathered every ``interval`` seconds at most (so a
+``kill -9`` loses at most the last ``interval`` plus one transaction's worth of updates; a
+clean stop loses nothing). Bounded by the history: entries its bounds (``history_limit`` /
+``history_bytes``) trimmed before the writer came for them are lost to the store, and their
+session is marked as having a gap, which a later replay reports as "resync required".
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import structlog
 import trio
 
 if TYPE_CHECKING:
+    from acp_bridge._routing import History
     from acp_bridge._store import SessionRow, Store
 
 logger = structlog.get_logger("acp_bridge.journal")
@@ -27,9 +34,15 @@ FLUSH_INTERVAL: Final = 0.05
 #: (SQLite stores a large blob as a chain of overflow pages; rows of megabytes cost it about
 #: 1.7 us of CPU per entry here, rows of 64 KiB about 1.1)
 RUN_MAX_BYTES: Final = 64 * 1024
-MAX_BACKLOG: Final = 200_000
 #: retention runs every this many seconds
 TRIM_EVERY: Final = 60.0
+
+#: a journal row: (session, first seq, last seq, live, time, the entries' lines joined)
+Row = tuple[str, int, int, int, float, bytes]
+
+_LINE = operator.itemgetter(1)  # (of a history entry: seq, line, live)
+_LIVE = operator.itemgetter(2)
+_LAST_BYTE = operator.itemgetter(-1)
 
 
 class Journal:
@@ -42,20 +55,14 @@ class Journal:
         keep_entries: int = 100_000,
         max_age: float | None = None,
         interval: float = FLUSH_INTERVAL,
-        max_backlog: int = MAX_BACKLOG,
     ) -> None:
         self.store = store
         self.keep_entries = keep_entries
         self.max_age = max_age
         self.interval = interval
-        self.max_backlog = max_backlog
         self._sessions: dict[str, SessionRow] = {}
-        #: runs of consecutive entries of a session (one row each, see the store's schema):
-        #: [session, first seq, last seq, live, time, [lines], bytes], in the order they began
-        self._runs: list[list[Any]] = []
-        #: the run each session is extending
-        self._open: dict[str, list[Any]] = {}
-        self._backlog = 0
+        #: sessions whose history has entries the journal has not taken: bridge id → history
+        self._updated: dict[str, History] = {}
         self._deleted: list[str] = []
         self._pending_added: dict[str, tuple[str, str, str, str]] = {}
         self._pending_removed: list[str] = []
@@ -63,7 +70,7 @@ class Journal:
         self._writing = 0
         self._wake = trio.Event()
         self._committed = trio.Event()
-        #: sessions whose journal lost entries to the backlog bound
+        #: sessions whose journal lost entries (trimmed from the history before being taken)
         self.gaps: set[str] = set()
         self.commits = 0
         self.entries_written = 0
@@ -74,43 +81,18 @@ class Journal:
         self._sessions[row.bridge_id] = row
         self._wake.set()
 
-    def entry(self, session: str, seq: int, data: bytes, *, live: bool = True) -> None:
-        """Record one entry: ``data`` is one line, newline-terminated (a relayed message)."""
-        if self._backlog >= self.max_backlog:
-            if session not in self.gaps:
-                logger.error("journal_backlog_full", session=session)
-            self.gaps.add(session)
-            return
-        self._backlog += 1
-        flag = 1 if live else 0
-        run = self._open.get(session)
-        size = len(data)
-        if data.find(b"\n") != size - 1:
-            # Not one plain line (not from the bridge): a run of its own, never joined.
-            self._runs.append([session, seq, seq, flag, time.time(), [data], size])
-            self._open.pop(session, None)
-        elif (
-            run is not None
-            and run[2] == seq - 1
-            and run[3] == flag
-            and run[6] + size <= RUN_MAX_BYTES
-        ):
-            run[2] = seq
-            run[5].append(data)
-            run[6] += size
-        else:
-            run = [session, seq, seq, flag, time.time(), [data], size]
-            self._runs.append(run)
-            self._open[session] = run
-        if not self._wake.is_set():
+    def updated(self, session: str, history: History) -> None:
+        """
+        ``session`` appended to its ``history``: the entries after ``history.journaled`` go
+        to the store with the next commit. Each must be one newline-terminated line.
+        """
+        if session not in self._updated:
+            self._updated[session] = history
             self._wake.set()
 
     def delete(self, bridge_id: str) -> None:
         self._sessions.pop(bridge_id, None)
-        self._open.pop(bridge_id, None)
-        kept = [r for r in self._runs if r[0] != bridge_id]
-        self._backlog -= sum(len(r[5]) for r in self._runs if r[0] == bridge_id)
-        self._runs = kept
+        self._updated.pop(bridge_id, None)
         self._deleted.append(bridge_id)
         self._wake.set()
 
@@ -127,7 +109,7 @@ class Journal:
         """Changes recorded and not committed yet (0: the store has everything)."""
         return (
             len(self._sessions)
-            + self._backlog
+            + sum(h.last_seq - h.journaled for h in self._updated.values())
             + len(self._deleted)
             + len(self._pending_added)
             + len(self._pending_removed)
@@ -173,18 +155,27 @@ class Journal:
 
     async def _commit(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}
-        runs, self._runs, self._open = self._runs, [], {}
-        entries, self._backlog = self._backlog, 0
+        updated, self._updated = self._updated, {}
+        taken: list[tuple[str, list[tuple[int, bytes, bool]]]] = []
+        for session, history in updated.items():
+            entries, complete = history.take_unjournaled()
+            if not complete and session not in self.gaps:
+                logger.error("journal_gap", session=session, reason="trimmed from the history")
+                self.gaps.add(session)
+            if entries:
+                taken.append((session, entries))
+        count = sum(len(e) for _, e in taken)
         deleted, self._deleted = self._deleted, []
         added, self._pending_added = list(self._pending_added.values()), {}
         removed, self._pending_removed = self._pending_removed, []
-        if sessions or entries or deleted or added or removed:
-            self._writing = len(sessions) + entries + len(deleted) + len(added) + len(removed)
+        if sessions or count or deleted or added or removed:
+            self._writing = len(sessions) + count + len(deleted) + len(added) + len(removed)
+            stamp = time.time()
             try:
                 await trio.to_thread.run_sync(
                     lambda: self.store.write(
                         sessions=sessions,
-                        journal_runs=[_row(run) for run in runs],
+                        journal_runs=[row for s, e in taken for row in runs(s, e, stamp)],
                         deleted=deleted,
                         pending_added=added,
                         pending_removed=removed,
@@ -193,11 +184,57 @@ class Journal:
             finally:
                 self._writing = 0
             self.commits += 1
-            self.entries_written += entries
+            self.entries_written += count
         self._committed.set()
 
 
-def _row(run: list[Any]) -> tuple[str, int, int, int, float, bytes]:
-    """A run as a journal row (its lines joined: each is one newline-terminated line)."""
-    session, first, last, live, stamp, lines, _ = run
-    return (session, first, last, live, stamp, lines[0] if first == last else b"".join(lines))
+def runs(session: str, entries: list[tuple[int, bytes, bool]], stamp: float) -> list[Row]:
+    """
+    Consecutive ``entries`` (seq, line, live) of a session as journal rows: runs of the same
+    ``live`` of up to ``RUN_MAX_BYTES``. The store splits a row of several entries at its
+    newlines, so each entry must be one newline-terminated line: the bridge records only
+    lines it framed (split at newlines) or encoded (JSON, newlines escaped). An entry that
+    does not end with a newline is written as a row of its own (checked at C speed: the
+    store's own cost per entry is about 0.45 us, a scan of every byte would add 0.17).
+    """
+    try:
+        whole = bytes(map(_LAST_BYTE, map(_LINE, entries))).count(b"\n") == len(entries)
+    except IndexError:  # (an empty entry)
+        whole = False
+    if whole:
+        return _runs(session, entries, stamp)
+    return [(session, seq, seq, int(live), stamp, data) for seq, data, live in entries]
+
+
+def _runs(session: str, entries: list[tuple[int, bytes, bool]], stamp: float) -> list[Row]:
+    """Split at changes of ``live`` (a user's prompt), then by size."""
+    flags = list(map(_LIVE, entries))
+    if False not in flags:
+        return _sized(session, entries, stamp, 1)
+    rows: list[Row] = []
+    start = 0
+    for end in range(1, len(entries) + 1):
+        if end == len(entries) or flags[end] is not flags[start]:
+            rows += _sized(session, entries[start:end], stamp, int(flags[start]))
+            start = end
+    return rows
+
+
+def _sized(
+    session: str, entries: list[tuple[int, bytes, bool]], stamp: float, live: int
+) -> list[Row]:
+    """Runs of up to ``RUN_MAX_BYTES`` (at least one entry each), cut where the sum passes it."""
+    lines = list(map(_LINE, entries))
+    ends = list(itertools.accumulate(map(len, lines)))  # (bytes up to each entry, inclusive)
+    first = entries[0][0]
+    rows: list[Row] = []
+    start = 0
+    base = 0
+    while start < len(lines):
+        end = max(bisect.bisect_right(ends, base + RUN_MAX_BYTES, start), start + 1)
+        rows.append(
+            (session, first + start, first + end - 1, live, stamp, b"".join(lines[start:end]))
+        )
+        base = ends[end - 1]
+        start = end
+    return rows

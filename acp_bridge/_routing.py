@@ -52,14 +52,20 @@ class History:
     for is no longer all there.
     """
 
-    __slots__ = ("_bytes", "_entries", "last_seq", "max_bytes", "max_entries")
+    __slots__ = ("_bytes", "_entries", "journaled", "last_seq", "max_bytes", "max_entries")
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
         self._entries: collections.deque[tuple[int, bytes, bool]] = collections.deque()
         self._bytes = 0
         self.last_seq = 0
+        #: the last sequence number handed to the journal (:meth:`take_unjournaled`)
+        self.journaled = 0
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+
+    def continue_from(self, seq: int) -> None:
+        """Number on from ``seq``, which the journal already has (a session restored)."""
+        self.last_seq = self.journaled = seq
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -83,6 +89,20 @@ class History:
         while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
             self._bytes -= len(entries.popleft()[1])
         return self.last_seq
+
+    def take_unjournaled(self) -> tuple[list[tuple[int, bytes, bool]], bool]:
+        """
+        The entries the journal has not taken yet, oldest first, now counted as taken; and
+        whether that is all of them (False: the bounds trimmed some before the journal came
+        for them).
+        """
+        count = self.last_seq - self.journaled
+        entries = self._entries
+        complete = count <= len(entries)
+        tail = list(itertools.islice(reversed(entries), min(count, len(entries))))
+        tail.reverse()
+        self.journaled = self.last_seq
+        return tail, complete
 
     def after(self, seq: int, *, live_only: bool = False) -> tuple[list[tuple[int, bytes]], bool]:
         """

@@ -8,6 +8,9 @@ import random
 import sqlite3
 import threading
 
+import hypothesis
+import hypothesis.strategies as st
+import structlog.testing
 import trio
 import trio.lowlevel
 import trio.testing
@@ -16,12 +19,23 @@ from acp_bridge import _store
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
-from acp_bridge._journal import RUN_MAX_BYTES, Journal
+from acp_bridge._journal import RUN_MAX_BYTES, Journal, runs
+from acp_bridge._routing import History
 from acp_bridge._store import JournalEntry, SessionRow, open_store
 
 from .fakes import FakeAgent, TestClient, connect, make_config, open_bridge
 
 NEW = {"cwd": "/w", "mcpServers": []}
+
+
+def record(journal: Journal, session: str, history: History, data: bytes, live: bool = True):
+    """What the bridge does with each relayed update (and prompt): history, then journal."""
+    history.append(data, live=live)
+    journal.updated(session, history)
+
+
+def history(max_entries: int = 10**6) -> History:
+    return History(max_entries=max_entries, max_bytes=1 << 40)
 
 
 @contextlib.asynccontextmanager
@@ -88,36 +102,82 @@ async def test_journal_writes_runs_of_entries_and_reads_them_back_one_by_one(tmp
     store = open_store(str(tmp_path / "b.db"))
     journal = Journal(store)
     lines = {seq: b'{"n":%d}\n' % seq for seq in range(1, 31)}
+    h1, h2 = history(), history()
     for seq in range(1, 11):
-        journal.entry("s1", seq, lines[seq])
-        journal.entry("s2", seq, lines[seq])
-    journal.entry("s1", 11, lines[11], live=False)  # a user prompt: a new run
+        record(journal, "s1", h1, lines[seq])
+        record(journal, "s2", h2, lines[seq])
+    record(journal, "s1", h1, lines[11], live=False)  # a user prompt: a new run
     for seq in range(12, 31):
-        journal.entry("s1", seq, lines[seq])
-    journal.entry("s2", 12, b"odd\nline\n")  # a gap, and not one plain line: its own run
-    journal.entry("s2", 13, lines[13])
-    assert journal.backlog() == 42
+        record(journal, "s1", h1, lines[seq])
+    assert journal.backlog() == 40
     await journal._commit()
     assert journal.backlog() == 0
+    record(journal, "s2", h2, b"no newline")  # not one line: each entry a row of its own
+    record(journal, "s2", h2, lines[12])
+    await journal._commit()
     assert journal.entries_written == 42
+    assert journal.commits == 2
     rows = store._conn.execute(
         "SELECT session, first_seq, last_seq, live FROM journal ORDER BY session, first_seq"
     ).fetchall()
     assert rows == [
         ("s1", 1, 10, 1), ("s1", 11, 11, 0), ("s1", 12, 30, 1),
-        ("s2", 1, 10, 1), ("s2", 12, 12, 1), ("s2", 13, 13, 1),
+        ("s2", 1, 10, 1), ("s2", 11, 11, 1), ("s2", 12, 12, 1),
     ]  # fmt: skip
     assert [(e.seq, e.data) for e in store.journal("s1")] == sorted(lines.items())
     assert [e.seq for e in store.journal("s1", after_seq=9, limit=4)] == [10, 11, 12, 13]
     assert [e.live for e in store.journal("s1", after_seq=9, limit=3)] == [True, False, True]
     assert 11 not in [e.seq for e in store.journal("s1", live_only=True)]
-    assert [e.data for e in store.journal("s2", after_seq=10)] == [b"odd\nline\n", lines[13]]
+    assert [e.data for e in store.journal("s2", after_seq=10)] == [b"no newline", lines[12]]
     assert store.journal_bounds("s1") == (1, 30)
     # Retention keeps whole runs: the newest 15 of s1 are in its last run (12..30).
     assert store.trim_journal(keep_entries=15) == 11
     assert store.journal_bounds("s1") == (12, 30)
-    assert store.journal_bounds("s2") == (1, 13)  # (its last 15 reach back to its first run)
+    assert store.journal_bounds("s2") == (1, 12)  # (its last 15 reach back to its first run)
+    assert journal.gaps == set()
     journal.delete("s2")
+    store.close()
+
+
+async def test_the_hot_path_only_notes_the_session_and_the_commit_takes_the_history_tail():
+    """``updated`` keeps one reference per session however many updates come; the commit
+    takes exactly what the history gained since the last one, nothing twice."""
+    store = open_store(":memory:")
+    journal = Journal(store)
+    h = history()
+    for seq in range(1, 6):
+        record(journal, "s1", h, b'{"n":%d}\n' % seq)
+    assert list(journal._updated) == ["s1"]
+    assert journal.backlog() == 5
+    await journal._commit()
+    assert (journal._updated, h.journaled, journal.backlog()) == ({}, 5, 0)
+    await journal._commit()  # nothing new: nothing written again
+    for seq in range(6, 8):
+        record(journal, "s1", h, b'{"n":%d}\n' % seq)
+    await journal._commit()
+    assert [e.seq for e in store.journal("s1")] == list(range(1, 8))
+    assert journal.entries_written == 7
+    store.close()
+
+
+async def test_entries_trimmed_from_the_history_before_the_commit_are_a_gap():
+    """The history bounds the journal's backlog: what they trimmed before the writer came is
+    lost to the store, said once in the log and flagged (a replay then says resync)."""
+    store = open_store(":memory:")
+    journal = Journal(store)
+    h = history(max_entries=5)
+    for seq in range(1, 9):
+        record(journal, "s1", h, b'{"n":%d}\n' % seq)
+    assert journal.gaps == set()
+    with structlog.testing.capture_logs() as logs:
+        await journal._commit()
+    assert journal.gaps == {"s1"}
+    assert [e.seq for e in store.journal("s1")] == [4, 5, 6, 7, 8]
+    assert [entry["event"] for entry in logs] == ["journal_gap"]
+    for seq in range(9, 11):
+        record(journal, "s1", h, b'{"n":%d}\n' % seq)
+    await journal._commit()  # (no second log line)
+    assert store.journal_bounds("s1") == (4, 10)
     store.close()
 
 
@@ -129,8 +189,9 @@ async def test_a_run_row_holds_at_most_run_max_bytes(tmp_path):
     line = b'{"text":"%s"}\n' % (b"x" * 1000)
     per_row = RUN_MAX_BYTES // len(line)
     total = 3 * per_row + 5
-    for seq in range(1, total + 1):
-        journal.entry("s1", seq, line)
+    h = history()
+    for _ in range(total):
+        record(journal, "s1", h, line)
     await journal._commit()
     rows = store._conn.execute(
         "SELECT first_seq, last_seq, length(data) FROM journal ORDER BY first_seq"
@@ -248,7 +309,13 @@ async def test_restart_restores_through_an_agent_that_can_load_and_numbering_con
         assert texts(client.received, sid) == ["a:s1:replay"]  # the agent's own replay
         reply = await client.prompt(sid, "count 2")
         assert reply["result"]["stopReason"] == "end_turn"
-        assert bridge.sessions.get(sid).history.last_seq > last
+        now = bridge.sessions.get(sid).history.last_seq
+        assert now > last
+        # The journal goes on from where it stopped: no gap, every number once.
+        await bridge.journal.wait_committed()
+        assert bridge.journal.gaps == set()
+        stored = await trio.to_thread.run_sync(bridge.journal.store.journal, sid)
+        assert [e.seq for e in stored] == list(range(1, now + 1))
 
 
 async def test_an_agent_without_load_gets_the_journal_replay(tmp_path):
@@ -421,8 +488,9 @@ async def test_the_backlog_counts_a_commit_still_being_written():
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(journal.run)
-            journal.entry("s1", 1, b"{}\n")
-            journal.entry("s1", 2, b"{}\n")
+            h = history()
+            record(journal, "s1", h, b"{}\n")
+            record(journal, "s1", h, b"{}\n")
             assert await trio.to_thread.run_sync(store.writing.wait, 10)
             try:
                 assert journal.backlog() == 2  # being written: not in the store yet
@@ -433,3 +501,34 @@ async def test_the_backlog_counts_a_commit_still_being_written():
             assert journal.backlog() == 0
             assert store.written == [2]
             nursery.cancel_scope.cancel()
+
+
+@hypothesis.given(
+    st.lists(
+        st.tuples(st.integers(1, RUN_MAX_BYTES + 100), st.booleans()),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 10**6),
+)
+@hypothesis.example([(RUN_MAX_BYTES // 2, True)] * 3 + [(RUN_MAX_BYTES, True), (1, True)], 1)
+@hypothesis.example([(10, True), (10, False), (10, False), (10, True)], 7)
+def test_journal_rows_are_greedy_runs_of_one_live_flag_up_to_run_max_bytes(shape, first):
+    """``runs`` against a plain model: a new row where ``live`` changes or where the next
+    entry would take the row past ``RUN_MAX_BYTES`` (an entry bigger than that alone)."""
+    entries = [(first + i, b"x" * (size - 1) + b"\n", live) for i, (size, live) in enumerate(shape)]
+    expected: list[list[tuple[int, bytes, bool]]] = []
+    for entry in entries:
+        row = expected[-1] if expected else None
+        if (
+            row is not None
+            and row[-1][2] == entry[2]
+            and sum(len(e[1]) for e in row) + len(entry[1]) <= RUN_MAX_BYTES
+        ):
+            row.append(entry)
+        else:
+            expected.append([entry])
+    assert runs("s", entries, 1.5) == [
+        ("s", row[0][0], row[-1][0], int(row[0][2]), 1.5, b"".join(e[1] for e in row))
+        for row in expected
+    ]

@@ -1624,6 +1624,8 @@ class Bridge:
             session.history = History(
                 max_entries=limits.history_limit, max_bytes=limits.history_bytes
             )
+            if self.journal is not None:
+                self.journal.follow(session.bridge_id, session.history)
         return session.history
 
     def _stamped(self, client: ClientLink, seq: int, data: bytes) -> bytes:

@@ -7,14 +7,16 @@ session's in-memory history (``History``), so the bridge only tells the journal 
 session has new entries (:meth:`Journal.updated`), and the writer takes them from the history
 when it commits. It commits what has gathered every ``interval`` seconds at most (so a
 ``kill -9`` loses at most the last ``interval`` plus one transaction's worth of updates; a
-clean stop loses nothing). Bounded by the history: entries its bounds (``history_limit`` /
-``history_bytes``) trimmed before the writer came for them are lost to the store, and their
-session is marked as having a gap, which a later replay reports as "resync required".
+clean stop loses nothing). An entry the history's bounds trim before the writer came for it
+is handed over at that moment (``History.spill``) and kept here until the commit. Bounded:
+past ``max_backlog`` entries kept that way, new ones are dropped and their sessions marked
+as having a gap, which a later replay reports as "resync required".
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
 import time
@@ -34,6 +36,8 @@ FLUSH_INTERVAL: Final = 0.05
 #: (SQLite stores a large blob as a chain of overflow pages; rows of megabytes cost it about
 #: 1.7 us of CPU per entry here, rows of 64 KiB about 1.1)
 RUN_MAX_BYTES: Final = 64 * 1024
+#: entries handed over by trimmed histories, at most (see the module's notes)
+MAX_BACKLOG: Final = 200_000
 #: retention runs every this many seconds
 TRIM_EVERY: Final = 60.0
 
@@ -55,14 +59,19 @@ class Journal:
         keep_entries: int = 100_000,
         max_age: float | None = None,
         interval: float = FLUSH_INTERVAL,
+        max_backlog: int = MAX_BACKLOG,
     ) -> None:
         self.store = store
         self.keep_entries = keep_entries
         self.max_age = max_age
         self.interval = interval
+        self.max_backlog = max_backlog
         self._sessions: dict[str, SessionRow] = {}
         #: sessions whose history has entries the journal has not taken: bridge id → history
         self._updated: dict[str, History] = {}
+        #: entries trimmed from a history before the journal took them, per session, in order
+        self._spilled: dict[str, list[tuple[int, bytes, bool]]] = {}
+        self._spilled_count = 0
         self._deleted: list[str] = []
         self._pending_added: dict[str, tuple[str, str, str, str]] = {}
         self._pending_removed: list[str] = []
@@ -90,9 +99,24 @@ class Journal:
             self._updated[session] = history
             self._wake.set()
 
+    def follow(self, session: str, history: History) -> None:
+        """Journal ``session``'s ``history`` (:meth:`updated` says when it has new entries)."""
+        history.spill = functools.partial(self._keep, session)
+
+    def _keep(self, session: str, seq: int, data: bytes, live: bool) -> None:
+        """An entry of ``session`` its history trimmed before the journal took it."""
+        if self._spilled_count >= self.max_backlog:
+            if session not in self.gaps:
+                logger.error("journal_backlog_full", session=session)
+            self.gaps.add(session)
+            return
+        self._spilled_count += 1
+        self._spilled.setdefault(session, []).append((seq, data, live))
+
     def delete(self, bridge_id: str) -> None:
         self._sessions.pop(bridge_id, None)
         self._updated.pop(bridge_id, None)
+        self._spilled_count -= len(self._spilled.pop(bridge_id, ()))
         self._deleted.append(bridge_id)
         self._wake.set()
 
@@ -110,6 +134,7 @@ class Journal:
         return (
             len(self._sessions)
             + sum(h.last_seq - h.journaled for h in self._updated.values())
+            + self._spilled_count
             + len(self._deleted)
             + len(self._pending_added)
             + len(self._pending_removed)
@@ -156,14 +181,19 @@ class Journal:
     async def _commit(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}
         updated, self._updated = self._updated, {}
+        spilled, self._spilled, self._spilled_count = self._spilled, {}, 0
         taken: list[tuple[str, list[tuple[int, bytes, bool]]]] = []
         for session, history in updated.items():
             entries, complete = history.take_unjournaled()
             if not complete and session not in self.gaps:
                 logger.error("journal_gap", session=session, reason="trimmed from the history")
                 self.gaps.add(session)
+            older = spilled.pop(session, None)
+            if older:
+                entries = older + entries
             if entries:
                 taken.append((session, entries))
+        taken += spilled.items()  # (trimmed, and not noted as updated since: not in practice)
         count = sum(len(e) for _, e in taken)
         deleted, self._deleted = self._deleted, []
         added, self._pending_added = list(self._pending_added.values()), {}
@@ -207,14 +237,18 @@ def runs(session: str, entries: list[tuple[int, bytes, bool]], stamp: float) -> 
 
 
 def _runs(session: str, entries: list[tuple[int, bytes, bool]], stamp: float) -> list[Row]:
-    """Split at changes of ``live`` (a user's prompt), then by size."""
+    """Split where ``live`` changes (a user's prompt) or a number is missing, then by size."""
     flags = list(map(_LIVE, entries))
-    if False not in flags:
+    if False not in flags and entries[-1][0] - entries[0][0] == len(entries) - 1:
         return _sized(session, entries, stamp, 1)
     rows: list[Row] = []
     start = 0
     for end in range(1, len(entries) + 1):
-        if end == len(entries) or flags[end] is not flags[start]:
+        if (
+            end == len(entries)
+            or flags[end] is not flags[start]
+            or entries[end][0] != entries[end - 1][0] + 1
+        ):
             rows += _sized(session, entries[start:end], stamp, int(flags[start]))
             start = end
     return rows

@@ -52,14 +52,25 @@ class History:
     for is no longer all there.
     """
 
-    __slots__ = ("_bytes", "_entries", "journaled", "last_seq", "max_bytes", "max_entries")
+    __slots__ = (
+        "_bytes",
+        "_entries",
+        "journaled",
+        "last_seq",
+        "max_bytes",
+        "max_entries",
+        "spill",
+    )
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
         self._entries: collections.deque[tuple[int, bytes, bool]] = collections.deque()
         self._bytes = 0
         self.last_seq = 0
-        #: the last sequence number handed to the journal (:meth:`take_unjournaled`)
+        #: the last sequence number handed to the journal (:meth:`take_unjournaled`, ``spill``)
         self.journaled = 0
+        #: called with (seq, line, live) of an entry the bounds trim before the journal took
+        #: it (the journal keeps it for its next commit); None: no journal
+        self.spill: Callable[[int, bytes, bool], None] | None = None
         self.max_entries = max_entries
         self.max_bytes = max_bytes
 
@@ -87,14 +98,18 @@ class History:
         entries.append((self.last_seq, data, live))
         self._bytes += len(data)
         while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
-            self._bytes -= len(entries.popleft()[1])
+            seq, line, flag = entries.popleft()
+            self._bytes -= len(line)
+            if seq > self.journaled and self.spill is not None:
+                self.journaled = seq
+                self.spill(seq, line, flag)
         return self.last_seq
 
     def take_unjournaled(self) -> tuple[list[tuple[int, bytes, bool]], bool]:
         """
         The entries the journal has not taken yet, oldest first, now counted as taken; and
         whether that is all of them (False: the bounds trimmed some before the journal came
-        for them).
+        for them, with no ``spill`` to hand them to).
         """
         count = self.last_seq - self.journaled
         entries = self._entries

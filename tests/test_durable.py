@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import json
 import random
 import sqlite3
 import threading
@@ -160,24 +162,45 @@ async def test_the_hot_path_only_notes_the_session_and_the_commit_takes_the_hist
     store.close()
 
 
-async def test_entries_trimmed_from_the_history_before_the_commit_are_a_gap():
-    """The history bounds the journal's backlog: what they trimmed before the writer came is
-    lost to the store, said once in the log and flagged (a replay then says resync)."""
+async def test_entries_trimmed_from_the_history_before_the_commit_are_kept_for_it():
+    """A history that trims entries the journal has not taken yet hands them over
+    (``History.spill``): the store gets every entry, in order."""
     store = open_store(":memory:")
     journal = Journal(store)
     h = history(max_entries=5)
-    for seq in range(1, 9):
+    journal.follow("s1", h)
+    for seq in range(1, 13):
         record(journal, "s1", h, b'{"n":%d}\n' % seq)
-    assert journal.gaps == set()
+    assert (len(h), journal.backlog()) == (5, 12)
+    await journal._commit()
+    assert [e.seq for e in store.journal("s1")] == list(range(1, 13))
+    assert (journal.gaps, journal.backlog(), journal.entries_written) == (set(), 0, 12)
+    store.close()
+
+
+async def test_past_max_backlog_trimmed_entries_are_dropped_and_the_session_has_a_gap():
+    """The bound of what waits for the store: past ``max_backlog`` handed-over entries, the
+    trimmed ones are dropped, said once in the log, and the session is flagged (a replay
+    then says resync); without ``follow`` nothing is handed over: a gap at once."""
+    store = open_store(":memory:")
+    journal = Journal(store, max_backlog=2)
+    h = history(max_entries=5)
+    journal.follow("s1", h)
     with structlog.testing.capture_logs() as logs:
+        for seq in range(1, 10):
+            record(journal, "s1", h, b'{"n":%d}\n' % seq)
         await journal._commit()
     assert journal.gaps == {"s1"}
-    assert [e.seq for e in store.journal("s1")] == [4, 5, 6, 7, 8]
+    assert [e.seq for e in store.journal("s1")] == [1, 2, 5, 6, 7, 8, 9]
+    assert [entry["event"] for entry in logs] == ["journal_backlog_full"]
+    unfollowed = history(max_entries=5)
+    with structlog.testing.capture_logs() as logs:
+        for seq in range(1, 9):
+            record(journal, "s2", unfollowed, b'{"n":%d}\n' % seq)
+        await journal._commit()
+    assert journal.gaps == {"s1", "s2"}
+    assert [e.seq for e in store.journal("s2")] == [4, 5, 6, 7, 8]
     assert [entry["event"] for entry in logs] == ["journal_gap"]
-    for seq in range(9, 11):
-        record(journal, "s1", h, b'{"n":%d}\n' % seq)
-    await journal._commit()  # (no second log line)
-    assert store.journal_bounds("s1") == (4, 10)
     store.close()
 
 
@@ -316,6 +339,23 @@ async def test_restart_restores_through_an_agent_that_can_load_and_numbering_con
         assert bridge.journal.gaps == set()
         stored = await trio.to_thread.run_sync(bridge.journal.store.journal, sid)
         assert [e.seq for e in stored] == list(range(1, now + 1))
+
+
+async def test_the_journal_keeps_what_a_small_history_trims_before_the_commit(tmp_path):
+    """A history of 5 under a stream of 200 updates (far more than 5 per commit interval):
+    the trimmed ones are handed to the journal, which stores every number once."""
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a")}, history_limit=5) as (client, bridge, _):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 200")
+        await bridge.journal.wait_committed()
+        last = bridge.sessions.get(sid).history.last_seq
+        assert len(bridge.sessions.get(sid).history) == 5
+        stored = await trio.to_thread.run_sync(bridge.journal.store.journal, sid)
+        assert [e.seq for e in stored] == list(range(1, last + 1))
+        stored_texts = texts([json.loads(e.data) for e in stored], sid)
+        assert stored_texts[-200:] == [f"a:s1:{i}" for i in range(200)]
+        assert bridge.journal.gaps == set()
 
 
 async def test_an_agent_without_load_gets_the_journal_replay(tmp_path):
@@ -514,15 +554,21 @@ async def test_the_backlog_counts_a_commit_still_being_written():
 @hypothesis.example([(RUN_MAX_BYTES // 2, True)] * 3 + [(RUN_MAX_BYTES, True), (1, True)], 1)
 @hypothesis.example([(10, True), (10, False), (10, False), (10, True)], 7)
 def test_journal_rows_are_greedy_runs_of_one_live_flag_up_to_run_max_bytes(shape, first):
-    """``runs`` against a plain model: a new row where ``live`` changes or where the next
-    entry would take the row past ``RUN_MAX_BYTES`` (an entry bigger than that alone)."""
-    entries = [(first + i, b"x" * (size - 1) + b"\n", live) for i, (size, live) in enumerate(shape)]
+    """``runs`` against a plain model: a new row where ``live`` changes, where a number is
+    missing (entries dropped past the backlog bound) or where the next entry would take the
+    row past ``RUN_MAX_BYTES`` (an entry bigger than that alone)."""
+    seqs = itertools.accumulate((1 + (size % 7 == 0) for size, _ in shape), initial=first)
+    entries = [
+        (seq, b"x" * (size - 1) + b"\n", live)
+        for seq, (size, live) in zip(seqs, shape, strict=False)
+    ]
     expected: list[list[tuple[int, bytes, bool]]] = []
     for entry in entries:
         row = expected[-1] if expected else None
         if (
             row is not None
             and row[-1][2] == entry[2]
+            and row[-1][0] + 1 == entry[0]
             and sum(len(e[1]) for e in row) + len(entry[1]) <= RUN_MAX_BYTES
         ):
             row.append(entry)

@@ -346,6 +346,21 @@ def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
     }
 
 
+def settle(t: Target, deadline: float) -> None:
+    """
+    Wait until a bridge's journal has committed what the flood recorded: its CPU figure then
+    includes the journal's whole work, and the next variant's run does not share the machine
+    with this one's writer thread.
+    """
+    if t.kind not in ("stdio", "ws") or t.client is None:
+        return
+    while True:
+        journal = t.client.call("_acp_bridge/status", {}, deadline).get("journal")
+        if not journal or not journal["backlog"]:
+            return
+        time.sleep(0.01)
+
+
 def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """
     Every variant alive at once. Round trips first (before any flood), then the throughput
@@ -412,6 +427,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
                     if count != s.n:
                         raise RuntimeError(f"{count} updates, expected {s.n}")
                     runs[key].append(s.n / elapsed)
+                    settle(t, time.monotonic() + s.timeout)
                     if t.kind != "direct":
                         cpu_per_update[key].append((read_cpu(t.pid) - cpu_before) / s.n)
                     if key == "stdio":

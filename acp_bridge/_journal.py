@@ -79,7 +79,8 @@ class Journal:
         self._writing = 0
         self._wake = trio.Event()
         self._committed = trio.Event()
-        #: sessions whose journal lost entries (trimmed from the history before being taken)
+        #: sessions whose journal lost entries (past ``max_backlog``, or trimmed from a
+        #: history the journal does not :meth:`follow`)
         self.gaps: set[str] = set()
         self.commits = 0
         self.entries_written = 0

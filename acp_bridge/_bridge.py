@@ -47,6 +47,7 @@ from acp_bridge._approvals import Approvals, Ask
 from acp_bridge._audit import AuditLog
 from acp_bridge._containment import PathRefused, contain
 from acp_bridge._framing import LineDecoder, Oversize
+from acp_bridge._heap import memory_figures
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
     JsonObject,
@@ -1112,6 +1113,16 @@ class Bridge:
             "counters": dict(self.counters),
             "approvals": dict(self.approvals.counts),
             "journal": self.journal.statistics() if self.journal is not None else None,
+            "memory": self._memory(),
+        }
+
+    def _memory(self) -> JsonObject:
+        """:func:`memory_figures`, and what the sessions' replay histories hold."""
+        histories = [s.history for s in self.sessions if s.history is not None]
+        return {
+            **memory_figures(),
+            "historyEntries": sum(len(h) for h in histories),
+            "historyKiB": sum(h.total_bytes for h in histories) // 1024,
         }
 
     def health(self) -> tuple[bool, JsonObject]:

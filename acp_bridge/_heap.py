@@ -13,6 +13,11 @@ block, a few milliseconds for tens of MiB, and the event loop keeps running mean
 a burst of traffic is over (a ``QUIET`` second with no message after some), and every
 ``TRIM_INTERVAL`` seconds while traffic goes on; never while nothing happens. Where the C
 library has no ``malloc_trim`` (musl, macOS) it returns at once and nothing changes.
+
+:func:`memory_figures` tells apart what the process holds from what its allocators keep
+(``/status``, ``/metrics``, the soak): resident memory, glibc's heap in use and free, and
+Python's live objects. A long run whose RSS creeps while those stay flat is fragmentation,
+not a leak.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import mmap
+import sys
 import time
 from typing import TYPE_CHECKING, Final
 
@@ -47,6 +54,72 @@ def malloc_trim() -> Callable[[int], int] | None:
     trim.restype = ctypes.c_int
     fn: Callable[[int], int] = trim
     return fn
+
+
+class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (2.33 and later): every field a size_t
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+@functools.cache
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    """The C library's ``mallinfo2``, or None when it has none."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        info = libc.mallinfo2
+    except (OSError, AttributeError, TypeError):
+        return None
+    info.argtypes = []
+    info.restype = _MallInfo2
+    fn: Callable[[], _MallInfo2] = info
+    return fn
+
+
+def _resident_kib() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            resident_pages = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return resident_pages * mmap.PAGESIZE // 1024
+
+
+def memory_figures() -> dict[str, int]:
+    """
+    The process's memory as the system and its allocators see it; what this platform does
+    not tell is left out.
+
+    - ``rssKiB``: resident (Linux ``/proc/self/statm``);
+    - ``heapInUseKiB``, ``heapFreeKiB``: glibc's heaps, all threads' arenas — what ``malloc``
+      handed out and has not had back (its own large ``mmap`` blocks included), and what it
+      keeps free for reuse (partly resident; :func:`trim_heap` gives back whole free pages);
+    - ``pythonBlocks``: blocks Python's small-object allocator has handed out (its live
+      objects and buffers of up to 512 bytes, a count, not bytes).
+    """
+    figures = {"pythonBlocks": sys.getallocatedblocks()}
+    rss = _resident_kib()
+    if rss is not None:
+        figures["rssKiB"] = rss
+    info = _mallinfo2()
+    if info is not None:
+        heap = info()
+        figures["heapInUseKiB"] = (heap.uordblks + heap.hblkhd) // 1024
+        figures["heapFreeKiB"] = heap.fordblks // 1024
+    return figures
 
 
 def trim_heap() -> float | None:

@@ -82,6 +82,11 @@ class History:
         return len(self._entries)
 
     @property
+    def total_bytes(self) -> int:
+        """The bytes of the lines kept (bounded by ``max_bytes``)."""
+        return self._bytes
+
+    @property
     def first_seq(self) -> int:
         """The oldest sequence number still kept (last_seq + 1 when empty)."""
         return self._entries[0][0] if self._entries else self.last_seq + 1

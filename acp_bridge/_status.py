@@ -123,7 +123,36 @@ def render_metrics(status: JsonObject) -> str:
         "Messages queued for a peer and not yet written.",
         depths,
     )
+    memory: dict[str, int] = status.get("memory") or {}
+    _family(
+        out,
+        "acp_bridge_memory_bytes",
+        "gauge",
+        "Memory of the bridge process: resident, glibc's heap in use and kept free, the "
+        "sessions' replay histories.",
+        [
+            ((("kind", kind),), memory[key] * 1024)
+            for kind, key in _MEMORY_KINDS
+            if isinstance(memory.get(key), int)
+        ],
+    )
+    if isinstance(memory.get("pythonBlocks"), int):
+        _family(
+            out,
+            "acp_bridge_python_allocated_blocks",
+            "gauge",
+            "Blocks handed out by Python's small-object allocator (live objects).",
+            [((), memory["pythonBlocks"])],
+        )
     return "\n".join(out) + "\n"
+
+
+_MEMORY_KINDS = (
+    ("resident", "rssKiB"),
+    ("heap_in_use", "heapInUseKiB"),
+    ("heap_free", "heapFreeKiB"),
+    ("history", "historyKiB"),
+)
 
 
 def _family(
@@ -195,7 +224,25 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
         lines.append(
             "approvals: " + ", ".join(f"{key}={n}" for key, n in sorted(approvals.items()))
         )
+    memory: dict[str, int] = status.get("memory") or {}
+    parts = [
+        f"{label} {_mib(memory[key])}"
+        for label, key in (("resident", "rssKiB"), ("heap in use", "heapInUseKiB"))
+        if key in memory
+    ]
+    if "heapFreeKiB" in memory:
+        parts.append(f"heap kept free {_mib(memory['heapFreeKiB'])}")
+    if "historyKiB" in memory:
+        parts.append(
+            f"histories {_mib(memory['historyKiB'])} in {memory.get('historyEntries', 0):,} updates"
+        )
+    if parts:
+        lines.append("memory: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def _mib(kib: int) -> str:
+    return f"{kib / 1024:.1f} MiB"
 
 
 class StatusError(Exception):

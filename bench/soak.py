@@ -21,6 +21,9 @@ that the updates each client saw are exactly the ones the bridge recorded (no lo
 repeat), and reports:
 
 - RSS slope (KiB/min, least squares over the samples after the warm-up), start and end;
+- what the daemon holds, from its ``/status`` (``memory``): glibc's heap in use and kept free,
+  Python's allocated blocks, the replay histories — each with its slope: a creeping RSS with
+  these flat is the allocators keeping freed memory, not a leak;
 - file descriptors at the start (all clients connected) and at the end (same state);
 - the oldest pending request seen, and requests never answered;
 - update numbers out of order or repeated, and differences from the final replay;
@@ -473,6 +476,33 @@ def minute_floors(points: list[tuple[float, float]], start: float) -> list[tuple
     ]
 
 
+#: what the daemon's /status says of its memory (``memory``), kept with each sample
+MEMORY_KEYS = ("heapInUseKiB", "heapFreeKiB", "pythonBlocks", "historyKiB", "historyEntries")
+
+
+def held_memory(samples: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """
+    For each of :data:`MEMORY_KEYS`: first, last, least, most and slope per minute over the
+    samples. Informational: an RSS that creeps while what the daemon holds (its heap in use,
+    Python's blocks, the histories) stays flat is the allocators keeping freed memory, not a
+    leak.
+    """
+    held: dict[str, dict[str, float | None]] = {}
+    for key in MEMORY_KEYS:
+        points = [(s["t"], s[key]) for s in samples if key in s]
+        if points:
+            values = [v for _, v in points]
+            slope = slope_per_minute(points)
+            held[key] = {
+                "first": values[0],
+                "last": values[-1],
+                "min": min(values),
+                "max": max(values),
+                "slope_per_min": None if slope is None else round(slope, 2),
+            }
+    return held
+
+
 def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
     """Least-squares slope of (seconds, value) points, per minute."""
     if len(points) < 2:
@@ -610,6 +640,8 @@ async def soak(
             point["daemon_pending"] = sum(a["pendingRequests"] for a in status["agents"])
             point["connections"] = len(status["connections"])
             point["sessions"] = len(status["sessions"])
+            memory = status.get("memory") or {}
+            point.update({key: memory[key] for key in MEMORY_KEYS if key in memory})
         samples.append(point)
         return point
 
@@ -651,6 +683,7 @@ async def soak(
     judged = [(s["t"], s["rss_kib"]) for s in samples if s["t"] >= args.warmup]
     slope = slope_per_minute(judged)
     floors = minute_floors(judged, args.warmup)
+    held = held_memory([s for s in samples if s["t"] >= args.warmup])
     return {
         "duration_s": round(time.monotonic() - started, 1),
         "agents": args.agents,
@@ -671,6 +704,7 @@ async def soak(
         "rss_end_kib": last["rss_kib"],
         "rss_slope_kib_per_min": None if slope is None else round(slope, 2),
         "rss_minute_floors_kib": [r for _, r in floors],
+        "held_after_warmup": held,
         "fds_start": first["fds"],
         "fds_end": last["fds"],
         "fd_growth": last["fds"] - first["fds"],
@@ -798,6 +832,15 @@ def print_report(report: dict[str, Any]) -> None:
         + " (after warm-up); lowest of each minute after it: "
         + (", ".join(str(r) for r in report["rss_minute_floors_kib"]) or "n/a")
         + " KiB",
+        "  held by the daemon (after warm-up; first -> last [least..most], slope per minute): "
+        + (
+            "; ".join(
+                f"{key} {v['first']} -> {v['last']} [{v['min']}..{v['max']}], "
+                + ("n/a" if v["slope_per_min"] is None else f"{v['slope_per_min']:+.1f}")
+                for key, v in report["held_after_warmup"].items()
+            )
+            or "n/a"
+        ),
         f"  FDs: {report['fds_start']} -> {report['fds_end']}",
         f"  oldest pending request: {report['max_pending_age_s']:.2f} s; never answered: "
         f"{report['unanswered']}; lost with a dropped connection: "

@@ -86,3 +86,45 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
     targets = results["targets"]
     assert len(targets) >= 9
     assert all(t["met"] in (True, False, None) for t in targets)
+
+
+# -- bench.profile: the summary of py-spy's collapsed stacks (py-spy itself is not run here:
+# it needs ptrace, which a CI machine may not allow) ----------------------------------------
+
+LOOP = "thread (7): MainThread;<module> (acp_bridge/__main__.py:3);run (trio/_core/_run.py:2010)"
+READER = f"{LOOP};Bridge._agent_reader (acp_bridge/_bridge.py:2276)"
+RELAY = f"{READER};Bridge._relay_update (acp_bridge/_bridge.py:2321)"
+COLLAPSED = "\n".join(
+    [
+        f"{RELAY};loads (acp_bridge/_jsonrpc.py:151) 40",
+        f"{READER};Bridge._relay_update (acp_bridge/_bridge.py:2340) 15",
+        "thread (7): MainThread;ClientLink._put (acp_bridge/_bridge.py:360) 10",
+        f"{RELAY};Bridge._record_update (acp_bridge/_bridge.py:2425);History.append "
+        "(acp_bridge/_routing.py:98) 10",
+        f"{READER};receive_some (acp_bridge/_pipes.py:63) 15",
+        f"{READER};feed (acp_bridge/_framing.py:82) 5",
+        f"{LOOP};unrolled_run (trio/_core/_run.py:2500) 5",
+        "thread (9): Trio thread 0;_bootstrap (threading.py:995);Journal._commit "
+        "(acp_bridge/_journal.py:220) 30",
+        "not a sample line",
+    ]
+)
+
+
+def test_profile_summary_puts_each_sample_in_its_innermost_category():
+    from bench.profile import parse_collapsed, summarize
+
+    summary = summarize(parse_collapsed(COLLAPSED))
+    assert summary["event_loop_samples"] == 100
+    shares = {row["category"]: row["share"] for row in summary["categories"]}
+    assert shares == {
+        "JSON decode and checks": 0.40,
+        "relay: routing, client queue": 0.25,
+        "pipe read (system call)": 0.15,
+        "history and journal notes": 0.10,
+        "line split": 0.05,
+        "trio scheduler": 0.05,
+    }
+    assert summary["other_threads_samples"] == {"thread (9): Trio thread 0": 30}
+    top = summary["top_functions"][0]
+    assert top == {"frame": "loads (acp_bridge/_jsonrpc.py:151)", "samples": 40}

@@ -115,3 +115,26 @@ async def test_the_daemon_runs_the_trimmer_on_its_own_traffic(monkeypatch):
     with trio.fail_after(10):
         await _stdio.with_bridge(config, body, launcher=launcher)
     assert len(started) == 1
+
+
+@glibc
+def test_memory_figures_see_a_heap_block_held_and_freed():
+    """heapInUseKiB follows what malloc handed out; RSS and Python's blocks are there too."""
+    before = _heap.memory_figures()
+    held = [bytes(4096) for _ in range(4096)]  # 16 MiB in blocks of malloc's, not Python's
+    during = _heap.memory_figures()
+    del held
+    after = _heap.memory_figures()
+    assert during["heapInUseKiB"] - before["heapInUseKiB"] >= 16 * 1024
+    assert during["heapInUseKiB"] - after["heapInUseKiB"] >= 16 * 1024
+    assert during["rssKiB"] - before["rssKiB"] >= 15 * 1024
+    assert {"heapFreeKiB", "pythonBlocks"} <= set(after)
+
+
+def test_memory_figures_without_the_c_library_functions(monkeypatch):
+    """Where there is no mallinfo2 (musl, macOS), the heap figures are left out, not faked."""
+    monkeypatch.setattr(_heap, "_mallinfo2", lambda: None)
+    figures = _heap.memory_figures()
+    assert "heapInUseKiB" not in figures
+    assert "heapFreeKiB" not in figures
+    assert figures["pythonBlocks"] > 0

@@ -35,12 +35,13 @@ import trio.testing
 import wsproto
 import wsproto.events as ev
 
+from acp_bridge import _heap
 from acp_bridge._agent import make_subprocess_launcher
 from acp_bridge._bridge import READ_CHUNK, READ_ROUND_LINES, Bridge
 from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfig
 from acp_bridge._jsonrpc import dumps
 from acp_bridge._ws import serve_websocket
-from bench.soak import minute_floors
+from bench.soak import held_memory, minute_floors
 
 from .fakes import FakeAgent, chunk_update, open_bridge
 from .test_e2e import rss_kib
@@ -534,6 +535,11 @@ async def test_a_short_soak_holds_every_check(tmp_path):
     assert counts["reconnects"] >= 5
     assert counts["loads"] >= counts["reconnects"]
     assert len(report["samples"]) >= 5
+    # what the daemon holds, from its /status, with each sample
+    held = report["held_after_warmup"]
+    assert held["historyEntries"]["max"] > 0
+    assert held["pythonBlocks"]["min"] > 0
+    assert ("heapInUseKiB" in held) == (_heap.malloc_trim() is not None)
     print("\n" + done.stdout.decode())
 
 
@@ -543,3 +549,21 @@ def test_the_soak_reports_the_lowest_rss_of_each_whole_minute():
     # The third minute has one sample so far: not a whole minute, left out.
     assert minute_floors(points, 600.0) == [(610.0, 3.0), (660.0, 2.0)]
     assert minute_floors([], 600.0) == []
+
+
+def test_the_soak_reports_what_the_daemon_holds_with_slopes():
+    samples = [
+        {"t": 600.0, "rss_kib": 1, "heapInUseKiB": 100, "historyEntries": 10},
+        {"t": 660.0, "rss_kib": 1, "heapInUseKiB": 160, "historyEntries": 30},
+        {"t": 720.0, "rss_kib": 1, "heapInUseKiB": 220},  # (a sample /status did not answer)
+    ]
+    held = held_memory(samples)
+    assert held["heapInUseKiB"] == {
+        "first": 100,
+        "last": 220,
+        "min": 100,
+        "max": 220,
+        "slope_per_min": 60.0,
+    }
+    assert held["historyEntries"]["slope_per_min"] == 20.0
+    assert "pythonBlocks" not in held

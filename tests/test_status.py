@@ -134,6 +134,14 @@ STATUS = {
     "connections": [{"name": "ws:1234abcd", "queueDepth": 3, "pendingRequests": 1}],
     "counters": {"from_client": 10, "to_agent": 9, "error:-32601": 2, "error:-32003": 1},
     "approvals": {"allow:client": 4, "deny:policy": 1},
+    "memory": {
+        "rssKiB": 73_728,
+        "heapInUseKiB": 18_432,
+        "heapFreeKiB": 2_048,
+        "pythonBlocks": 512_345,
+        "historyEntries": 48_213,
+        "historyKiB": 10_240,
+    },
 }
 
 
@@ -155,6 +163,11 @@ def test_metrics_text_has_every_family_with_help_type_and_escaped_labels():
     assert metric(samples, "acp_bridge_connections") == 1
     assert metric(samples, "acp_bridge_queue_depth", link="client:ws:1234abcd") == 3
     assert metric(samples, "acp_bridge_queue_depth", link="agent:a") == 5
+    assert metric(samples, "acp_bridge_memory_bytes", kind="resident") == 73_728 * 1024
+    assert metric(samples, "acp_bridge_memory_bytes", kind="heap_in_use") == 18_432 * 1024
+    assert metric(samples, "acp_bridge_memory_bytes", kind="heap_free") == 2_048 * 1024
+    assert metric(samples, "acp_bridge_memory_bytes", kind="history") == 10_240 * 1024
+    assert metric(samples, "acp_bridge_python_allocated_blocks") == 512_345
     assert "# TYPE acp_bridge_messages_total counter" in text
     assert "# TYPE acp_bridge_agent_up gauge" in text
 
@@ -193,6 +206,21 @@ def test_status_summary_names_agents_sessions_and_queues():
     assert "ws:1234abcd      queue 3" in text
     assert "errors: -32003=1, -32601=2" in text
     assert "approvals: allow:client=4, deny:policy=1" in text
+    assert (
+        "memory: resident 72.0 MiB, heap in use 18.0 MiB, heap kept free 2.0 MiB, "
+        "histories 10.0 MiB in 48,213 updates"
+    ) in lines
+
+
+def test_memory_figures_a_platform_does_not_tell_are_left_out():
+    """Without glibc (no heap figures) the summary and the metrics show what there is."""
+    status = {**STATUS, "memory": {"rssKiB": 2048, "pythonBlocks": 7, "historyKiB": 0}}
+    assert "memory: resident 2.0 MiB, histories 0.0 MiB in 0 updates" in format_status(status)
+    samples = parse_metrics(render_metrics(status))
+    assert metric(samples, "acp_bridge_memory_bytes", kind="resident") == 2048 * 1024
+    assert metric(samples, "acp_bridge_memory_bytes", kind="heap_in_use") is None
+    assert metric(samples, "acp_bridge_memory_bytes", kind="history") == 0
+    assert "memory:" not in format_status({**STATUS, "memory": {}})
 
 
 def test_status_module_imports_no_trio():
@@ -269,6 +297,17 @@ async def test_status_shows_agents_sessions_connections_and_counters():
             [connection] = status["connections"]
             assert session["connection"] == connection["name"]
             assert status["counters"]["from_client"] == 2
+            memory = status["memory"]
+            assert memory["historyEntries"] == 0
+            assert memory["rssKiB"] > 1024
+            assert memory["pythonBlocks"] > 1000
+            prompt = {"sessionId": sid, "prompt": [{"type": "text", "text": "hello"}]}
+            await peer.request("session/prompt", prompt)
+            response = await http_exchange(port, get_with_token(port, "/status"))
+            status = json.loads(response.body)
+            # what the prompt turn recorded for replay, nothing trimmed yet
+            [session] = status["sessions"]
+            assert status["memory"]["historyEntries"] == session["historyLastSeq"] > 0
 
 
 async def test_metrics_counters_move_after_a_prompt():

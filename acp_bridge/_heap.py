@@ -28,7 +28,7 @@ import functools
 import mmap
 import sys
 import time
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 import trio
@@ -42,13 +42,19 @@ TRIM_INTERVAL: Final = 10.0
 QUIET: Final = 1.0
 
 
+def _libc_function(name: str) -> Any:
+    """A function of the C library, or None when it has none (musl, macOS: glibc's own)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
 @functools.cache
 def malloc_trim() -> Callable[[int], int] | None:
     """The C library's ``malloc_trim``, or None when it has none."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        trim = libc.malloc_trim
-    except (OSError, AttributeError, TypeError):
+    trim = _libc_function("malloc_trim")
+    if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
@@ -78,10 +84,8 @@ class _MallInfo2(ctypes.Structure):
 @functools.cache
 def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     """The C library's ``mallinfo2``, or None when it has none."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        info = libc.mallinfo2
-    except (OSError, AttributeError, TypeError):
+    info = _libc_function("mallinfo2")
+    if info is None:
         return None
     info.argtypes = []
     info.restype = _MallInfo2

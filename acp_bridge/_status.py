@@ -227,11 +227,13 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
     memory: dict[str, int] = status.get("memory") or {}
     parts = [
         f"{label} {_mib(memory[key])}"
-        for label, key in (("resident", "rssKiB"), ("heap in use", "heapInUseKiB"))
+        for label, key in (
+            ("resident", "rssKiB"),
+            ("heap in use", "heapInUseKiB"),
+            ("heap kept free", "heapFreeKiB"),
+        )
         if key in memory
     ]
-    if "heapFreeKiB" in memory:
-        parts.append(f"heap kept free {_mib(memory['heapFreeKiB'])}")
     if "historyKiB" in memory:
         parts.append(
             f"histories {_mib(memory['historyKiB'])} in {memory.get('historyEntries', 0):,} updates"

@@ -112,9 +112,7 @@ def summarize(stacks: list[tuple[list[str], int]]) -> dict[str, Any]:
         by_thread[thread].append((frames, count))
 
     def runs_trio(items: list[tuple[list[str], int]]) -> int:
-        return sum(
-            c for frames, c in items if any(f.startswith("run (") and "trio/" in f for f in frames)
-        )
+        return sum(c for frames, c in items if any(_is_trio_run(f) for f in frames))
 
     main = next(
         (t for t in by_thread if t.endswith(": MainThread")),
@@ -200,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # (py-spy attaches; it says nothing when it has)
         if spy.poll() is not None:
             assert spy.stderr is not None
-            print(f"profile: py-spy failed: {spy.stderr.read().decode()[-500:]}", file=sys.stderr)
+            why = spy.stderr.read().decode()[-500:]
+            print(f"profile: py-spy failed (kept {scratch}): {why}", file=sys.stderr)
             return 2
         cpu = read_cpu(target.pid)
         count, seconds = client.flood(sid, args.updates, time.monotonic() + 300)

@@ -14,6 +14,12 @@ a burst of traffic is over (a ``QUIET`` second with no message after some), and 
 ``TRIM_INTERVAL`` seconds while traffic goes on; never while nothing happens. Where the C
 library has no ``malloc_trim`` (musl, macOS) it returns at once and nothing changes.
 
+:func:`fix_mmap_threshold` (at start) keeps large buffers out of the heap: glibc gives a
+block of ``M_MMAP_THRESHOLD`` or more its own mapping, returned whole when freed, but raises
+that threshold to the size of each mapped block freed (up to 32 MiB), so after one large
+replay every later large buffer is carved from the heap and fragments it. A fixed threshold
+turns that off.
+
 :func:`memory_figures` tells apart what the process holds from what its allocators keep
 (``/status``, ``/metrics``, the soak): resident memory, glibc's heap in use and free, and
 Python's live objects. A long run whose RSS creeps while those stay flat is fragmentation,
@@ -40,6 +46,9 @@ logger = structlog.get_logger("acp_bridge.heap")
 
 TRIM_INTERVAL: Final = 10.0
 QUIET: Final = 1.0
+#: blocks of this size and more get their own mapping (glibc's default starting threshold)
+MMAP_THRESHOLD: Final = 128 * 1024
+_M_MMAP_THRESHOLD: Final = -3  # mallopt's parameter number (malloc.h)
 
 
 def _libc_function(name: str) -> Any:
@@ -60,6 +69,16 @@ def malloc_trim() -> Callable[[int], int] | None:
     trim.restype = ctypes.c_int
     fn: Callable[[int], int] = trim
     return fn
+
+
+def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's ``M_MMAP_THRESHOLD`` at ``size`` (no more raising); False without glibc."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, size))
 
 
 class _MallInfo2(ctypes.Structure):

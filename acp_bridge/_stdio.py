@@ -19,7 +19,7 @@ import trio
 from acp_bridge._agent import Reaper, make_subprocess_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
-from acp_bridge._heap import trim_heap_forever
+from acp_bridge._heap import fix_mmap_threshold, trim_heap_forever
 from acp_bridge._journal import Journal
 from acp_bridge._store import Store, open_store
 from acp_bridge._trace import open_wire_trace
@@ -59,12 +59,13 @@ async def with_bridge(
     watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way. The store
     (``[store] path``) holds the audit trail; it is opened first and closed last. ``tracer``
     sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`). With
-    glibc, freed heap memory is given back to the system after each burst of traffic
-    (see ``_heap``).
+    glibc, large buffers get their own mappings and freed heap memory is given back to the
+    system after each burst of traffic (see ``_heap``).
 
     Raises:
         StoreError: the store cannot be opened (or is of a newer schema).
     """
+    fix_mmap_threshold()
     store = await trio.to_thread.run_sync(open_store, config.store.resolved_path())
     try:
         async with trio.open_nursery() as outer:

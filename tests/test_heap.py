@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import attrs
@@ -100,7 +101,9 @@ async def test_the_daemon_runs_the_trimmer_on_its_own_traffic(monkeypatch):
         started.append(activity)
         await trio.sleep_forever()
 
+    fixed: list[bool] = []
     monkeypatch.setattr(_stdio, "trim_heap_forever", trimmer)
+    monkeypatch.setattr(_stdio, "fix_mmap_threshold", lambda: fixed.append(True) or True)
     config = attrs.evolve(make_config({"a": FakeAgent("a")}), store=StoreConfig(path=":memory:"))
 
     async def body(bridge) -> None:
@@ -115,6 +118,45 @@ async def test_the_daemon_runs_the_trimmer_on_its_own_traffic(monkeypatch):
     with trio.fail_after(10):
         await _stdio.with_bridge(config, body, launcher=launcher)
     assert len(started) == 1
+    assert fixed == [True]
+
+
+_LARGE_BLOCK_MAPPED = """
+import sys
+from acp_bridge import _heap
+if sys.argv[1] == "fix":
+    assert _heap.fix_mmap_threshold()
+freed = bytearray(4 << 20)  # a mapped block; freeing it raises glibc's threshold to 4 MiB
+del freed
+before = _heap._mallinfo2()().hblks
+held = bytearray(512 << 10)
+print(_heap._mallinfo2()().hblks - before)
+"""
+
+
+@glibc
+@pytest.mark.parametrize(("mode", "mapped"), [("fix", 1), ("glibc-default", 0)])
+def test_a_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap(mode, mapped):
+    """
+    After a 4 MiB block is freed, glibc on its own carves a 512 KiB block from the heap (the
+    control); with the threshold fixed, the block gets its own mapping. A fresh interpreter
+    each: the setting is for the process.
+    """
+    if _heap._mallinfo2() is None:
+        pytest.skip("mallinfo2 is glibc 2.33's")
+    run = subprocess.run(
+        [sys.executable, "-c", _LARGE_BLOCK_MAPPED, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert int(run.stdout) == mapped
+
+
+def test_fix_mmap_threshold_without_mallopt(monkeypatch):
+    monkeypatch.setattr(_heap, "_libc_function", lambda name: None)
+    assert _heap.fix_mmap_threshold() is False
 
 
 @glibc

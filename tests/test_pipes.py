@@ -1,0 +1,108 @@
+"""Pipe reads and writes without a scheduler round (``_pipes``), and reads sized to what came."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import tracemalloc
+
+import pytest
+import trio
+import trio.testing
+
+from acp_bridge import _pipes
+
+
+@pytest.fixture
+def pipe():
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    yield r, w
+    for fd in (r, w):
+        os.close(fd)
+
+
+def test_read_now_gives_what_is_there_as_bytes(pipe):
+    r, w = pipe
+    os.write(w, b"one\ntwo\n")
+    data = _pipes.read_now(r, 65536)
+    assert data == b"one\ntwo\n"
+    assert type(data) is bytes
+
+
+def test_read_now_takes_at_most_max_bytes_and_at_most_its_buffer(pipe):
+    r, w = pipe
+    os.write(w, b"abcdef")
+    assert _pipes.read_now(r, 4) == b"abcd"
+    assert _pipes.read_now(r, 4) == b"ef"
+    if hasattr(fcntl, "F_SETPIPE_SZ"):  # Linux: room for more than one buffer
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4 * _pipes.READ_BUFFER_BYTES)
+    else:
+        pytest.skip("a pipe's size is fixed here")
+    os.write(w, b"z" * (_pipes.READ_BUFFER_BYTES + 10))
+    assert len(_pipes.read_now(r, 10 * _pipes.READ_BUFFER_BYTES)) == _pipes.READ_BUFFER_BYTES
+    assert _pipes.read_now(r, 100) == b"z" * 10
+
+
+def test_read_now_raises_what_os_read_does():
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    with pytest.raises(BlockingIOError):
+        _pipes.read_now(r, 100)
+    os.close(w)
+    assert _pipes.read_now(r, 100) == b""  # end of file
+    os.close(r)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        _pipes.read_now(r, 100)
+
+
+def test_a_small_read_allocates_only_what_it_returns(pipe):
+    """
+    ``os.read(fd, 65536)`` allocates 64 KiB and shrinks it (the control); the read through the
+    buffer never allocates more than the bytes it returns.
+    """
+    r, w = pipe
+
+    def peak_of(read) -> tuple[int, int]:
+        os.write(w, b"y" * 300)
+        tracemalloc.start()
+        try:
+            start, _ = tracemalloc.get_traced_memory()
+            data = read(r, 65536)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        return len(data), peak - start
+
+    assert peak_of(os.read)[1] > 65536
+    got, peak = peak_of(_pipes.read_now)
+    assert got == 300
+    assert peak < 1024
+
+
+def test_each_thread_reads_into_its_own_buffer():
+    views: list[memoryview] = []
+    thread = threading.Thread(target=lambda: views.append(_pipes._buffer.view))
+    thread.start()
+    thread.join()
+    assert views[0] is not _pipes._buffer.view
+    assert views[0].obj is not _pipes._buffer.view.obj
+
+
+async def test_receive_some_from_a_pipe_stream_waits_then_reads():
+    r, w = os.pipe()
+    async with trio.lowlevel.FdStream(r) as receive, trio.lowlevel.FdStream(w) as send:
+        async with trio.open_nursery() as nursery:
+            got: list[bytes | bytearray] = []
+
+            async def reader() -> None:
+                got.append(await _pipes.receive_some(receive, 65536))
+
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []
+            await _pipes.send_all(send, b"hello\n")
+        assert got == [b"hello\n"]
+        await send.aclose()
+        assert await _pipes.receive_some(receive, 65536) == b""

@@ -73,6 +73,9 @@ class Journal:
         self._spilled: dict[str, list[tuple[int, bytes, bool]]] = {}
         self._spilled_count = 0
         self._deleted: list[str] = []
+        #: sessions with entries written since the last retention pass (None: every session,
+        #: the first pass: the limits may have changed since the journal was last written)
+        self._grown: set[str] | None = None
         self._pending_added: dict[str, tuple[str, str, str, str]] = {}
         self._pending_removed: list[str] = []
         #: changes taken by the commit being written in the worker thread (not in the store yet)
@@ -168,14 +171,17 @@ class Journal:
                 await self._commit()
                 if trio.current_time() - last_trim > TRIM_EVERY:
                     last_trim = trio.current_time()
-                    await trio.to_thread.run_sync(self._trim)
+                    grown, self._grown = self._grown, set()
+                    await trio.to_thread.run_sync(self._trim, grown)
                 await trio.sleep(self.interval)  # gather the next burst
         finally:
             with trio.CancelScope(shield=True):
                 await self._commit()
 
-    def _trim(self) -> None:
-        removed = self.store.trim_journal(keep_entries=self.keep_entries, max_age=self.max_age)
+    def _trim(self, grown: set[str] | None) -> None:
+        removed = self.store.trim_journal(
+            keep_entries=self.keep_entries, max_age=self.max_age, sessions=grown
+        )
         if removed:
             logger.info("journal_trimmed", entries=removed)
 
@@ -216,6 +222,8 @@ class Journal:
                 self._writing = 0
             self.commits += 1
             self.entries_written += count
+            if self._grown is not None:
+                self._grown.update(session for session, _ in taken)
         self._committed.set()
 
 

@@ -9,6 +9,7 @@ import json
 import random
 import sqlite3
 import threading
+import time
 
 import hypothesis
 import hypothesis.strategies as st
@@ -17,7 +18,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from acp_bridge import _store
+from acp_bridge import _journal, _store
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
@@ -578,3 +579,82 @@ def test_journal_rows_are_greedy_runs_of_one_live_flag_up_to_run_max_bytes(shape
         ("s", row[0][0], row[-1][0], int(row[0][2]), 1.5, b"".join(e[1] for e in row))
         for row in expected
     ]
+
+
+def _single_runs(session: str, first: int, last: int, stamp: float = 1.0):
+    return [(session, seq, seq, 1, stamp, b"u%d\n" % seq) for seq in range(first, last + 1)]
+
+
+def test_retention_of_named_sessions_and_by_age(tmp_path):
+    store = open_store(str(tmp_path / "b.db"))
+    store.write(journal_runs=_single_runs("s1", 1, 20) + _single_runs("s2", 1, 20))
+    assert store.trim_journal(keep_entries=5, sessions=["s1"]) == 15
+    assert store.journal_bounds("s1") == (16, 20)
+    assert store.journal_bounds("s2") == (1, 20)  # not named: not read
+    assert store.trim_journal(keep_entries=5, sessions=["nothing-here"]) == 0
+    assert store.trim_journal(keep_entries=5) == 15  # None: every session
+    assert store.journal_bounds("s2") == (16, 20)
+    now = time.time()
+    store.write(journal_runs=_single_runs("s3", 1, 3, now - 100) + _single_runs("s3", 4, 6, now))
+    assert store.trim_journal(keep_entries=1000, max_age=50, sessions=[]) == 13  # s1, s2 (1.0)
+    assert store.journal_bounds("s3") == (4, 6)
+    assert store.journal_bounds("s1") == (0, 0)
+    store.close()
+
+
+def test_retention_and_bounds_never_read_the_whole_journal(tmp_path):
+    """
+    Regression (the 60-minute soak): the retention pass grouped the whole journal every minute
+    (7.6 s over the soak's million runs, while commits waited and the backlog piled up in
+    memory), and ``journal_bounds`` read every run of a session. Each statement they run now
+    searches an index; only the first pass (every session) scans one, the covering index of
+    sessions.
+    """
+    store = open_store(str(tmp_path / "b.db"))
+    store.write(journal_runs=_single_runs("s1", 1, 20) + _single_runs("s2", 1, 20))
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    store.journal_bounds("s1")
+    store.trim_journal(keep_entries=5, max_age=3600.0, sessions=["s1", "s2"])
+    store._conn.set_trace_callback(None)
+    reads = [s for s in statements if s.lstrip().startswith(("SELECT", "DELETE"))]
+    assert len(reads) >= 7
+    for sql in reads:
+        plan = [row[-1] for row in store._conn.execute("EXPLAIN QUERY PLAN " + sql)]
+        assert not any(step.startswith("SCAN") for step in plan), (sql, plan)
+        assert any("INDEX journal_" in step for step in plan), (sql, plan)
+    store.close()
+
+
+async def test_retention_passes_after_the_first_read_only_sessions_that_grew(tmp_path, monkeypatch):
+    monkeypatch.setattr(_journal, "TRIM_EVERY", -1.0)  # a pass after every commit
+    store = open_store(str(tmp_path / "b.db"))
+    store.write(journal_runs=_single_runs("old", 1, 20))  # over the limit before the start
+    passes: list[tuple[set[str] | None, int]] = []
+    passed = threading.Semaphore(0)
+    trim = store.trim_journal
+
+    def counted(**kwargs):
+        removed = trim(**kwargs)
+        passes.append((kwargs["sessions"], removed))
+        passed.release()
+        return removed
+
+    store.trim_journal = counted  # type: ignore[method-assign]
+    journal = Journal(store, keep_entries=5)
+    h = history()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(journal.run)
+            for _ in range(8):
+                record(journal, "s1", h, b"{}\n")
+            assert await trio.to_thread.run_sync(passed.acquire, True, 10)
+            assert passes == [(None, 15)]  # the first pass: every session ("old")
+            assert store.journal_bounds("old") == (16, 20)
+            store.write(journal_runs=_single_runs("other", 1, 20))  # not through the journal
+            record(journal, "s1", h, b"{}\n")
+            assert await trio.to_thread.run_sync(passed.acquire, True, 10)
+            assert passes[1][0] == {"s1"}
+            assert store.journal_bounds("other") == (1, 20)
+            nursery.cancel_scope.cancel()
+    store.close()

@@ -38,7 +38,8 @@ FLUSH_INTERVAL: Final = 0.05
 RUN_MAX_BYTES: Final = 64 * 1024
 #: entries handed over by trimmed histories, at most (see the module's notes)
 MAX_BACKLOG: Final = 200_000
-#: retention runs every this many seconds
+#: retention runs every this many seconds, over the sessions written to since the last pass
+#: (the first pass after a start: every session); commits wait while it runs
 TRIM_EVERY: Final = 60.0
 
 #: a journal row: (session, first seq, last seq, live, time, the entries' lines joined)

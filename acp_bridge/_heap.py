@@ -17,8 +17,8 @@ library has no ``malloc_trim`` (musl, macOS) it returns at once and nothing chan
 :func:`fix_mmap_threshold` (at start) keeps large buffers out of the heap: glibc gives a
 block of ``M_MMAP_THRESHOLD`` or more its own mapping, returned whole when freed, but raises
 that threshold to the size of each mapped block freed (up to 32 MiB), so after one large
-replay every later large buffer is carved from the heap and fragments it. A fixed threshold
-turns that off.
+replay every later large buffer is carved from the heap, where it can fragment it. A fixed
+threshold turns that off.
 
 :func:`memory_figures` tells apart what the process holds from what its allocators keep
 (``/status``, ``/metrics``, the soak): resident memory, glibc's heap in use and free, and

@@ -14,8 +14,7 @@ still noticed at every call (``checkpoint_if_cancelled``).
 
 A read lands in a buffer kept for the thread (:func:`read_now`) and comes back as ``bytes``
 of its own length. ``os.read(fd, 65536)`` would allocate 64 KiB and then shrink it to what
-arrived: on a bridge that reads a few hundred bytes at a time, millions of such carvings
-scatter small blocks over glibc's heap and its free space grows for hours (issue 8's soak).
+arrived: a 64 KiB carving from glibc's heap for every few hundred bytes an agent writes.
 """
 
 from __future__ import annotations

@@ -352,20 +352,22 @@ class Store:
         return self._bounds(session)
 
     def _bounds(self, session: str) -> tuple[int, int]:
-        # Two seeks in the (session, first_seq) index: the runs of a session are consecutive
-        # and do not overlap, so its last run by first_seq holds its last sequence number.
-        # (MIN/MAX over the session's rows read every one of them: a growing cost per load.)
+        # Seeks in the (session, first_seq) index. (MIN/MAX over the session's rows read
+        # every one of them: a cost per load that grew with the journal.)
         first = self._conn.execute(
             "SELECT first_seq FROM journal WHERE session = ? ORDER BY first_seq LIMIT 1",
             (session,),
         ).fetchone()
-        if first is None:
-            return (0, 0)
-        (last,) = self._conn.execute(
+        return (0, 0) if first is None else (first[0], self._last_seq(session))
+
+    def _last_seq(self, session: str) -> int:
+        # The runs of a session are consecutive and do not overlap: its last run by first_seq
+        # holds its last sequence number.
+        last = self._conn.execute(
             "SELECT last_seq FROM journal WHERE session = ? ORDER BY first_seq DESC LIMIT 1",
             (session,),
         ).fetchone()
-        return (first[0], last)
+        return 0 if last is None else int(last[0])
 
     @_serialized
     def trim_journal(
@@ -381,7 +383,7 @@ class Store:
         may have grown past ``keep_entries`` (None: every session in the journal). Returns
         the entries removed.
 
-        Each session costs two index seeks and the runs removed; the age limit, a range of
+        Each session costs index seeks and the runs removed; the age limit, a range of
         the ``time`` index. Nothing here reads the whole journal: a pass over a journal of a
         million runs took 7.6 s, and commits waited behind it.
         """
@@ -390,8 +392,7 @@ class Store:
             if sessions is None:
                 sessions = [s for (s,) in conn.execute("SELECT DISTINCT session FROM journal")]
             for session in sessions:
-                _, last = self._bounds(session)
-                bound = last - keep_entries  # runs ending at or before it go
+                bound = self._last_seq(session) - keep_entries  # runs ending at or before it go
                 if bound < 1:
                     continue
                 where = "WHERE session = ? AND first_seq <= ? AND last_seq <= ?"

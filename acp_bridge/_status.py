@@ -132,7 +132,7 @@ def render_metrics(status: JsonObject) -> str:
         "sessions' replay histories.",
         [
             ((("kind", kind),), memory[key] * 1024)
-            for kind, key in _MEMORY_KINDS
+            for key, kind, _ in _MEMORY_FIGURES
             if isinstance(memory.get(key), int)
         ],
     )
@@ -147,11 +147,13 @@ def render_metrics(status: JsonObject) -> str:
     return "\n".join(out) + "\n"
 
 
-_MEMORY_KINDS = (
-    ("resident", "rssKiB"),
-    ("heap_in_use", "heapInUseKiB"),
-    ("heap_free", "heapFreeKiB"),
-    ("history", "historyKiB"),
+#: /status's memory figures in KiB: (key, the metric's kind, the status line's label; the
+#: histories' part of that line also gives their number of updates)
+_MEMORY_FIGURES = (
+    ("rssKiB", "resident", "resident"),
+    ("heapInUseKiB", "heap_in_use", "heap in use"),
+    ("heapFreeKiB", "heap_free", "heap kept free"),
+    ("historyKiB", "history", "histories"),
 )
 
 
@@ -225,19 +227,9 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
             "approvals: " + ", ".join(f"{key}={n}" for key, n in sorted(approvals.items()))
         )
     memory: dict[str, int] = status.get("memory") or {}
-    parts = [
-        f"{label} {_mib(memory[key])}"
-        for label, key in (
-            ("resident", "rssKiB"),
-            ("heap in use", "heapInUseKiB"),
-            ("heap kept free", "heapFreeKiB"),
-        )
-        if key in memory
-    ]
+    parts = [f"{label} {_mib(memory[key])}" for key, _, label in _MEMORY_FIGURES if key in memory]
     if "historyKiB" in memory:
-        parts.append(
-            f"histories {_mib(memory['historyKiB'])} in {memory.get('historyEntries', 0):,} updates"
-        )
+        parts[-1] += f" in {memory.get('historyEntries', 0):,} updates"
     if parts:
         lines.append("memory: " + ", ".join(parts))
     return "\n".join(lines)

@@ -50,7 +50,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("line split", r"\(.*acp_bridge/_framing\.py"),
         (
             "pipe read (system call)",
-            r"^(\w+\.)?receive_some .*(acp_bridge/_pipes|trio/_unix_pipes)",
+            r"^(\w+\.)?(receive_some|read_now) .*(acp_bridge/_pipes|trio/_unix_pipes)",
         ),
         (
             "pipe write (system call)",

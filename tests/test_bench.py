@@ -101,7 +101,7 @@ COLLAPSED = "\n".join(
         "thread (7): MainThread;ClientLink._put (acp_bridge/_bridge.py:360) 10",
         f"{RELAY};Bridge._record_update (acp_bridge/_bridge.py:2425);History.append "
         "(acp_bridge/_routing.py:98) 10",
-        f"{READER};receive_some (acp_bridge/_pipes.py:63) 15",
+        f"{READER};receive_some (acp_bridge/_pipes.py:91);read_now (acp_bridge/_pipes.py:81) 15",
         f"{READER};feed (acp_bridge/_framing.py:82) 5",
         f"{LOOP};unrolled_run (trio/_core/_run.py:2500) 5",
         "thread (9): Trio thread 0;_bootstrap (threading.py:995);Journal._commit "

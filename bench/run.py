@@ -83,6 +83,8 @@ class Settings:
     journal_off_config: str
     timeout: float
     json_path: Path
+    #: another checkout of acp-bridge: its stdio bridge runs beside this one (--compare)
+    compare: Path | None = None
 
 
 # --- processes -------------------------------------------------------------------------
@@ -152,8 +154,18 @@ def read_rss(pid: int) -> int:
 class Target:
     """Something a client talks to: the flood agent itself, or a bridge in front of agents."""
 
-    def __init__(self, scratch: Path, key: str, *, kind: str, config: str = "") -> None:
+    def __init__(
+        self,
+        scratch: Path,
+        key: str,
+        *,
+        kind: str,
+        config: str = "",
+        source: Path | None = None,
+    ) -> None:
         self.key = key
+        #: run the bridge from this checkout (PYTHONPATH) rather than the installed one
+        self.source = source
         self.kind = kind  # "direct" | "relay" | "stdio" | "ws"
         self.dir = scratch / key
         self.dir.mkdir(parents=True)
@@ -162,6 +174,8 @@ class Target:
         self.config_path.write_text(config)
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: Client | None = None
+        #: the initialize answer's agentInfo.version (which code answered)
+        self.version: str | None = None
         self._sock: Any = None
         self.error: str | None = None
 
@@ -173,6 +187,8 @@ class Target:
     def spawn(self) -> None:
         env = dict(os.environ)
         env["XDG_STATE_HOME"] = str(self.dir / "state")
+        if self.source is not None:
+            env["PYTHONPATH"] = str(self.source)
         if self.kind == "direct":
             argv = agent_argv()
         elif self.kind == "relay":
@@ -201,7 +217,9 @@ class Target:
             self.client, self._sock = websocket_client(url, TOKEN, deadline)
         else:
             self.client = pipe_client(self.proc)
-        self.client.initialize(deadline)
+        answer = self.client.initialize(deadline)
+        info = answer.get("agentInfo")
+        self.version = info.get("version") if isinstance(info, dict) else None
         return self.client
 
     def _wait_url(self, deadline: float) -> str:
@@ -306,6 +324,20 @@ THROUGHPUT_VARIANTS = {
     "stdio_rewrite": ("stdio, sessionId rewritten", "other"),
 }
 ROUND_TRIP_VARIANTS = ("direct", "relay", "stdio", "ws")
+#: --compare: the same two stdio variants, run from the other checkout
+COMPARED = ("stdio_policy_journal_on", "stdio_policy_journal_off")
+
+
+def variants_of(s: Settings) -> dict[str, tuple[str, str]]:
+    """The throughput variants of this run: the fixed ones, and the compared checkout's."""
+    out = dict(THROUGHPUT_VARIANTS)
+    if s.compare is not None:
+        for key in COMPARED:
+            label, runs = THROUGHPUT_VARIANTS[key]
+            out[f"{key}@compare"] = (f"{label} [--compare]", runs)
+    return out
+
+
 SCALE_BATCH = 16
 #: A WebSocket client is dropped when 1024 messages wait for it (default client_queue);
 #: a full-speed flood outruns the WebSocket writer, so the second WebSocket variant gives it
@@ -316,7 +348,7 @@ WS_BIG_QUEUE = "[bridge]\nclient_queue = 1048576\n"
 def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
     policy = {"policy_rules": s.policy_rules}
     one = {"flood": ""}
-    return {
+    made = {
         "direct": Target(scratch, "direct", kind="direct"),
         "relay": Target(scratch, "relay", kind="relay"),
         "stdio": Target(scratch, "stdio", kind="stdio", config=config_text(one)),
@@ -344,6 +376,17 @@ def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
             scratch, "stdio_rewrite", kind="stdio", config=config_text({"a": "", "b": ""})
         ),
     }
+    if s.compare is not None:
+        for key in COMPARED:
+            base = made[key]
+            made[f"{key}@compare"] = Target(
+                scratch,
+                f"{key}@compare",
+                kind="stdio",
+                config=base.config_path.read_text(),
+                source=s.compare,
+            )
+    return made
 
 
 def settle(t: Target, deadline: float) -> None:
@@ -368,6 +411,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
     land on one variant only.
     """
     made = _make_targets(s, scratch)
+    variant_table = variants_of(s)
     runs: dict[str, list[float]] = {k: [] for k in made}
     #: CPU time of the process in the middle (bridge or relay) per update, per run
     cpu_per_update: dict[str, list[float]] = {k: [] for k in made}
@@ -416,7 +460,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
                 errors[key] = _failure(exc, t)
         for rep in range(s.reps):
             for key, t in made.items():
-                if key in errors or (rep > 0 and THROUGHPUT_VARIANTS[key][1] != "main"):
+                if key in errors or (rep > 0 and variant_table[key][1] != "main"):
                     continue
                 try:
                     assert t.client is not None
@@ -437,7 +481,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
 
     direct_best = max(runs["direct"]) if runs["direct"] else None
     variants: dict[str, Any] = {}
-    for key, (label, _) in THROUGHPUT_VARIANTS.items():
+    for key, (label, _) in variant_table.items():
         best = max(runs[key]) if runs[key] else None
         cpu = min(cpu_per_update[key]) if cpu_per_update[key] else None
         variants[key] = {
@@ -461,6 +505,11 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
         "journal_note": JOURNAL_NOTE,
         "stdio_rss_after_runs_bytes": rss_after,
     }
+    if s.compare is not None:
+        throughput["compare"] = compare_cpu(variants, s.compare)
+        throughput["compare"]["versions"] = {
+            key: made[key].version for key in (*COMPARED, *(f"{k}@compare" for k in COMPARED))
+        }
     rt: dict[str, Any] = {}
     for key in ROUND_TRIP_VARIANTS:
         label = THROUGHPUT_VARIANTS[key][0]
@@ -474,6 +523,20 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
             rt[key]["added_p50_us"] = rt[key]["p50_us"] - base["p50_us"]
             rt[key]["added_p99_us"] = rt[key]["p99_us"] - base["p99_us"]
     return throughput, {"count": s.round_trips, "variants": rt}
+
+
+def compare_cpu(variants: dict[str, Any], source: Path) -> dict[str, Any]:
+    """CPU us per update of this checkout against the --compare one, variant by variant."""
+    out: dict[str, Any] = {"source": str(source)}
+    for key in COMPARED:
+        ours = variants[key]["cpu_us_per_update"]
+        theirs = variants[f"{key}@compare"]["cpu_us_per_update"]
+        out[key] = {
+            "this_us": ours,
+            "compare_us": theirs,
+            "change": ours / theirs - 1 if ours and theirs else None,
+        }
+    return out
 
 
 def scale(s: Settings, scratch: Path) -> dict[str, Any]:
@@ -734,6 +797,10 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
             cpu = _num(v["cpu_us_per_update"], "{:.1f}")
             rows.append(("throughput", v["label"], "CPU us/update", cpu, ""))
     rows.append(("throughput", "journal on vs off", "cost", _num(th["journal_cost"], "{:.1%}"), ""))
+    for key, c in (th.get("compare") or {}).items():
+        if isinstance(c, dict) and c.get("change") is not None:
+            label = th["variants"][key]["label"]
+            rows.append(("throughput", label, "CPU vs --compare", f"{c['change']:+.1%}", ""))
     rt = results["round_trip"]
     for v in rt["variants"].values():
         name = f"round trip x{rt['count']:,}"
@@ -941,7 +1008,16 @@ def parse_args(argv: list[str] | None) -> Settings:
         help="config text appended for 'journal off' (default: [store] journal = false)",
     )
     p.add_argument("--timeout", type=float, help="seconds allowed per run (120; quick 30)")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        metavar="DIR",
+        help="another checkout of acp-bridge (git worktree add DIR REV): its stdio bridge "
+        "(journal on and off) runs beside this one; CPU us/update side by side",
+    )
     a = p.parse_args(argv)
+    if a.compare is not None and not (a.compare / "acp_bridge" / "__init__.py").is_file():
+        p.error(f"--compare {a.compare}: no acp_bridge package there")
     q = a.quick
 
     def pick(value: int | float | None, full: int | float, quick: int | float) -> Any:
@@ -965,6 +1041,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         journal_off_config=a.journal_off_config,
         timeout=pick(a.timeout, 120.0, 30.0),
         json_path=Path(a.json),
+        compare=None if a.compare is None else a.compare.resolve(),
     )
 
 
@@ -973,7 +1050,9 @@ def run(s: Settings) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": machine_info(),
         "quick": s.quick,
-        "settings": {k: v for k, v in vars(s).items() if k != "json_path"},
+        "settings": {
+            k: str(v) if isinstance(v, Path) else v for k, v in vars(s).items() if k != "json_path"
+        },
     }
     with tempfile.TemporaryDirectory(prefix="acp-bridge-bench-") as tmp:
         scratch = Path(tmp)

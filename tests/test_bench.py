@@ -9,11 +9,14 @@ every scenario ran and produced positive figures, and the ratios were computed.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import trio
+
+from acp_bridge import __version__
 
 pytestmark = pytest.mark.e2e
 
@@ -26,9 +29,24 @@ def positive(value: object) -> bool:
 
 async def test_quick_benchmark_runs_every_scenario(tmp_path):
     out = tmp_path / "bench.json"
-    with trio.fail_after(120):
+    # --compare runs a second checkout's bridge beside this one: a copy of this package that
+    # reports another version, so the figures can be told apart by which code answered.
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "acp_bridge", other / "acp_bridge")
+    init = other / "acp_bridge" / "__init__.py"
+    init.write_text(init.read_text().replace(f'"{__version__}"', '"0.0.0+compare"'))
+    with trio.fail_after(150):
         done = await trio.run_process(
-            [sys.executable, "-m", "bench.run", "--quick", "--json", str(out)],
+            [
+                sys.executable,
+                "-m",
+                "bench.run",
+                "--quick",
+                "--json",
+                str(out),
+                "--compare",
+                str(other),
+            ],
             cwd=ROOT,
             capture_stdout=True,
             capture_stderr=True,
@@ -55,6 +73,15 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
         assert positive(variant["updates_per_s"]), key
         assert positive(variant["ratio_to_direct"]), key
     assert isinstance(results["throughput"]["journal_cost"], float)
+
+    compare = results["throughput"]["compare"]
+    for key in ("stdio_policy_journal_on", "stdio_policy_journal_off"):
+        assert compare["versions"][key] == __version__
+        assert compare["versions"][f"{key}@compare"] == "0.0.0+compare"
+        assert positive(compare[key]["this_us"]), key
+        assert positive(compare[key]["compare_us"]), key
+        assert isinstance(compare[key]["change"], float), key
+    assert "CPU vs --compare" in table
 
     round_trip = results["round_trip"]["variants"]
     for key in ("direct", "stdio", "ws"):

@@ -2668,6 +2668,11 @@ class Bridge:
         assert isinstance(client, ClientLink)
         client.done(entry.origin_id)
         ok = "result" in msg
+        if ok and entry.method in ("session/new", "session/fork"):
+            refused = self._live_id_reused(agent, msg["result"])
+            if refused is not None:
+                msg = error_msg(msg["id"], refused)
+                ok = False
         early = self._undo_forward(agent, entry, ok=ok, result=msg.get("result"))
         msg["id"] = entry.origin_id
         _well_formed_error(msg)
@@ -2694,6 +2699,27 @@ class Bridge:
             await client.send(dumps(msg))
         else:
             await client.send_answer(dumps(msg), session)
+
+    def _live_id_reused(self, agent: AgentLink, result: Any) -> JsonRpcError | None:
+        """
+        The error for a new session the agent answered with the id of one of its sessions
+        that is live (a client's, or being loaded): merging them would hand the first client's
+        session, its roots and its permission requests to the second. The agent's own session
+        is left alone (it is the first client's); the new one is refused.
+        """
+        sid = result.get("sessionId") if isinstance(result, dict) else None
+        if not isinstance(sid, str):
+            return None
+        live = self.sessions.find(agent.name, sid)
+        if live is None or live.state not in (SessionState.ACTIVE, SessionState.LOADING):
+            return None
+        self.log.warning("agent_reused_live_session_id", agent=agent.name, agent_session=sid)
+        return JsonRpcError(
+            INTERNAL_ERROR,
+            f"agent {agent.name!r} answered with the id of a session that is already open "
+            f"({sid!r}): the new session is refused",
+            {"agent": agent.name, "sessionId": sid},
+        )
 
     def _undo_forward(
         self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None

@@ -50,6 +50,7 @@ from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._heap import memory_figures
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
+    RESOURCE_NOT_FOUND,
     JsonObject,
     JsonRpcError,
     JsonRpcId,
@@ -1469,10 +1470,11 @@ class Bridge:
     ) -> None:
         """
         ``session/load`` after a restart: the agent restores the session when it can
-        (``loadSession``: its own replay is relayed); otherwise — or when it fails — the
-        client gets the journal's replay and a clear statement that the agent cannot
-        continue it (``_meta.acp_bridge.restored: false`` with the reason; a prompt then
-        fails with -32002).
+        (``loadSession``: its own replay is relayed); otherwise — or when it fails — the load
+        fails with -32002 and the reason, unless the client asked for journal replays
+        (``_meta.acp_bridge.journal_replay: true``): then it gets the journal's replay and a
+        clear statement that the agent cannot continue it (``_meta.acp_bridge.restored:
+        false`` with the reason; a prompt then fails with -32002).
         """
         reason = f"agent {agent.name!r} does not support session/load"
         try:
@@ -1506,7 +1508,10 @@ class Bridge:
                         session.client = None
         except JsonRpcError as exc:
             reason = f"agent {agent.name!r} is not available: {exc.message}"
-        await self._replay_journal(client, msg, params, session, reason)
+        try:
+            await self._replay_journal(client, msg, params, session, reason)
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
 
     async def _replay_journal(
         self,
@@ -1518,9 +1523,20 @@ class Bridge:
     ) -> None:
         assert self.journal is not None
         self._unrestorable[session.bridge_id] = reason
+        if _bridge_meta(params).get("journal_replay") is not True:
+            # A stock client takes success for "the session goes on" (acpx then never falls
+            # back to session/new, and every prompt fails): only a client that asked for
+            # journal replays gets one.
+            raise JsonRpcError(
+                RESOURCE_NOT_FOUND,
+                f"session {session.bridge_id!r} cannot be restored: {reason} (its updates can "
+                "be replayed from the bridge's journal: _meta.acp_bridge.journal_replay)",
+                {"sessionId": session.bridge_id, "reason": reason},
+            )
         after = _bridge_meta(params).get("after_seq")
         catch_up = type(after) is int
         start = after if type(after) is int and after > 0 else 0
+        await self.journal.moved(session.bridge_id)  # (a move aside is in the store)
         entries = await trio.to_thread.run_sync(
             functools.partial(
                 self.journal.store.journal, session.bridge_id, after_seq=start, live_only=catch_up
@@ -1532,7 +1548,7 @@ class Bridge:
             if entry.seq != expected and entry.live:
                 complete = False
             expected = entry.seq + 1
-            await client.send_wait(self._stamped(client, entry.seq, entry.data))
+            await client.send_wait(self._from_journal(client, session, entry.seq, entry.data))
         if entries and start and entries[0].seq > start + 1 and not catch_up:
             complete = False
         answer: JsonObject = dict(session.setup)
@@ -1645,6 +1661,23 @@ class Bridge:
             return data
         msg = loads(data)
         _set_seq(msg["params"], seq)
+        return dumps(msg)
+
+    def _from_journal(self, client: ClientLink, session: Session, seq: int, data: bytes) -> bytes:
+        """
+        A journal entry as ``client`` gets it: under the session's bridge id (a session moved
+        aside after a restart has its lines recorded under its earlier id), with its seq
+        number if the client opted in. (Decoded each: journal replays follow restarts only.)
+        """
+        msg = loads(data)
+        params = msg.get("params") if isinstance(msg, dict) else None
+        if not isinstance(params, dict):
+            return data
+        if params.get("sessionId") == session.bridge_id and not client.want_seq:
+            return data
+        params["sessionId"] = session.bridge_id
+        if client.want_seq:
+            _set_seq(params, seq)
         return dumps(msg)
 
     async def _close_without_agent(
@@ -2668,6 +2701,11 @@ class Bridge:
         assert isinstance(client, ClientLink)
         client.done(entry.origin_id)
         ok = "result" in msg
+        if ok and entry.method in ("session/new", "session/fork"):
+            refused = self._live_id_reused(agent, msg["result"])
+            if refused is not None:
+                msg = error_msg(msg["id"], refused)
+                ok = False
         early = self._undo_forward(agent, entry, ok=ok, result=msg.get("result"))
         msg["id"] = entry.origin_id
         _well_formed_error(msg)
@@ -2695,6 +2733,45 @@ class Bridge:
         else:
             await client.send_answer(dumps(msg), session)
 
+    def _live_id_reused(self, agent: AgentLink, result: Any) -> JsonRpcError | None:
+        """
+        The error for a new session the agent answered with the id of one of its sessions
+        that is live (a client's, or being loaded): merging them would hand the first client's
+        session, its roots and its permission requests to the second. The agent's own session
+        is left alone (it is the first client's); the new one is refused.
+        """
+        sid = result.get("sessionId") if isinstance(result, dict) else None
+        if not isinstance(sid, str):
+            return None
+        live = self.sessions.find(agent.name, sid)
+        if live is None or live.state not in (SessionState.ACTIVE, SessionState.LOADING):
+            return None
+        self.log.warning("agent_reused_live_session_id", agent=agent.name, agent_session=sid)
+        return JsonRpcError(
+            INTERNAL_ERROR,
+            f"agent {agent.name!r} answered with the id of a session that is already open "
+            f"({sid!r}): the new session is refused",
+            {"agent": agent.name, "sessionId": sid},
+        )
+
+    def _displace(self, session: Session) -> None:
+        """
+        A stored session (from before a restart) whose agent gave its id to a new session:
+        the new session takes the bridge id (its client sees the agent's id unchanged), the
+        stored one moves to an id of its own, with its journal (still listed, still loadable
+        with a journal replay).
+        """
+        old = session.bridge_id
+        new = self.sessions.displace(session)
+        why = self._unrestorable.pop(old, None)
+        if why is not None:
+            self._unrestorable[new] = why
+        if self.journal is not None:
+            self.journal.rename(old, new)
+            if session.history is not None:
+                self.journal.follow(new, session.history)
+        self.log.info("stored_session_moved", session=old, to=new, agent=session.agent)
+
     def _undo_forward(
         self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
     ) -> list[bytes]:
@@ -2711,12 +2788,23 @@ class Bridge:
             if method == "session/new":
                 agent.new_in_flight = max(0, agent.new_in_flight - 1)
             if ok and isinstance(result, dict) and isinstance(result.get("sessionId"), str):
-                stale = self.sessions.find(agent.name, result["sessionId"])
+                sid = result["sessionId"]
+                stale = self.sessions.find(agent.name, sid)
                 if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
                     # A restarted agent minted the id a session of its earlier life had: the
-                    # new session is another one (its own bridge id, history and journal).
+                    # new session is another one (its own history and journal).
                     self.sessions.release_agent_id(stale)
-                new = self.sessions.register(agent.name, result["sessionId"], client=client)
+                holder = self.sessions.get(sid)
+                if (
+                    holder is not None
+                    and holder.state is SessionState.STORED
+                    and (holder.agent, holder.agent_id) == (agent.name, sid)
+                ):
+                    # Stored (the bridge restarted), not live: it does not keep the new session
+                    # from the agent's own id. (A stored session of another agent does: its
+                    # agent may still restore it under that id.)
+                    self._displace(holder)
+                new = self.sessions.register(agent.name, sid, client=client)
                 new.client = client
                 new.state = SessionState.ACTIVE
                 if isinstance(entry.context, _Setup):

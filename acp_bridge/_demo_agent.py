@@ -29,6 +29,7 @@ import argparse
 import collections
 import os
 import re
+import secrets
 import sys
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias, assert_never
 
@@ -114,7 +115,9 @@ class DemoOptions:
         chunk_delay: seconds between streamed message chunks (0 in tests).
         name: ``agentInfo.name``.
         title: ``agentInfo.title``.
-        session_prefix: session ids are ``f"{session_prefix}{n}"``, n counting from 1.
+        session_prefix: session ids are ``f"{session_prefix}{run}-{n}"``: ``run`` is random
+            per agent process (so ids are unique across runs: a bridge that restarts on the
+            same store finds no new session with a stored one's id), n counts from 1.
         load_session: advertise and serve ``session/load``.
         max_sessions: open sessions at most; ``session/new`` fails beyond that.
         max_history: history entries kept per session (oldest dropped first); a ``session/load``
@@ -399,6 +402,8 @@ class _DemoAgent:
         self._can_write = False
         self._sessions: dict[str, _Session] = {}
         self._minted = 0
+        #: 48 random bits per process: a second run of this agent mints no id of the first
+        self._run = secrets.token_hex(6)
         self._next_id = 0
         self._waiting: dict[int, _Waiter] = {}
         handlers: dict[str, Callable[[JsonObject], Awaitable[_Reply]]] = {
@@ -575,7 +580,7 @@ class _DemoAgent:
         if len(self._sessions) >= self._opts.max_sessions:
             raise JsonRpcError.internal_error("too many open sessions; close some")
         self._minted += 1
-        session_id = f"{self._opts.session_prefix}{self._minted}"
+        session_id = f"{self._opts.session_prefix}{self._run}-{self._minted}"
         history = collections.deque[_Entry](maxlen=self._opts.max_history)
         session = self._sessions[session_id] = _Session(session_id, cwd, history)
         self._log.info("session_created", session_id=session_id)

@@ -22,6 +22,7 @@ import operator
 import time
 from typing import TYPE_CHECKING, Final
 
+import attrs
 import structlog
 import trio
 
@@ -74,6 +75,10 @@ class Journal:
         self._spilled: dict[str, list[tuple[int, bytes, bool]]] = {}
         self._spilled_count = 0
         self._deleted: list[str] = []
+        #: sessions given another bridge id: (old, new), written before the rest of a commit
+        self._renamed: list[tuple[str, str]] = []
+        #: the new ids of renames not in the store yet (reads of them wait: :meth:`moved`)
+        self._moving: set[str] = set()
         #: sessions with entries written since the last retention pass (None: every session,
         #: the first pass: the limits may have changed since the journal was last written)
         self._grown: set[str] | None = None
@@ -125,6 +130,30 @@ class Journal:
         self._deleted.append(bridge_id)
         self._wake.set()
 
+    def rename(self, old: str, new: str) -> None:
+        """
+        Session ``old`` is called ``new`` from now on: its row and journal move with it (in
+        the next commit, before anything else it writes, so ``old`` is free for a new session
+        in that same commit). Whatever was at ``new`` in the store goes (a closed session's
+        leftovers: the bridge would write over them anyway).
+        """
+        row = self._sessions.pop(old, None)
+        if row is not None:
+            self._sessions[new] = attrs.evolve(row, bridge_id=new)
+        history = self._updated.pop(old, None)
+        if history is not None:
+            self._updated[new] = history
+        spilled = self._spilled.pop(old, None)
+        if spilled is not None:
+            self._spilled[new] = spilled
+        for keys in (self.gaps, self._grown):
+            if keys is not None and old in keys:
+                keys.discard(old)
+                keys.add(new)
+        self._renamed.append((old, new))
+        self._moving.add(new)
+        self._wake.set()
+
     def pending_added(self, key: str, session: str, agent: str, params: str) -> None:
         self._pending_added[key] = (key, session, agent, params)
         self._wake.set()
@@ -141,6 +170,7 @@ class Journal:
             + sum(h.last_seq - h.journaled for h in self._updated.values())
             + self._spilled_count
             + len(self._deleted)
+            + len(self._renamed)
             + len(self._pending_added)
             + len(self._pending_removed)
             + self._writing
@@ -159,9 +189,16 @@ class Journal:
     async def wait_committed(self) -> None:
         """Wait until everything recorded so far is in the store."""
         while self.backlog():
-            self._committed = trio.Event()
+            committed = self._committed
             self._wake.set()
-            await self._committed.wait()
+            await committed.wait()
+
+    async def moved(self, session: str) -> None:
+        """Wait until a rename to ``session`` is in the store (at once when none is pending)."""
+        while session in self._moving:
+            committed = self._committed
+            self._wake.set()
+            await committed.wait()
 
     async def run(self) -> None:
         last_trim = trio.current_time()
@@ -204,14 +241,18 @@ class Journal:
         taken += spilled.items()  # (trimmed, and not noted as updated since: not in practice)
         count = sum(len(e) for _, e in taken)
         deleted, self._deleted = self._deleted, []
+        renamed, self._renamed = self._renamed, []
         added, self._pending_added = list(self._pending_added.values()), {}
         removed, self._pending_removed = self._pending_removed, []
-        if sessions or count or deleted or added or removed:
-            self._writing = len(sessions) + count + len(deleted) + len(added) + len(removed)
+        if sessions or count or deleted or renamed or added or removed:
+            self._writing = (
+                len(sessions) + count + len(deleted) + len(renamed) + len(added) + len(removed)
+            )
             stamp = time.time()
             try:
                 await trio.to_thread.run_sync(
                     lambda: self.store.write(
+                        renamed=renamed,
                         sessions=sessions,
                         journal_runs=[row for s, e in taken for row in runs(s, e, stamp)],
                         deleted=deleted,
@@ -225,7 +266,10 @@ class Journal:
             self.entries_written += count
             if self._grown is not None:
                 self._grown.update(session for session, _ in taken)
+            self._moving -= {new for _, new in renamed} - {new for _, new in self._renamed}
+        # Every commit wakes those waiting for one (each waits on the event of its time).
         self._committed.set()
+        self._committed = trio.Event()
 
 
 def runs(session: str, entries: list[tuple[int, bytes, bool]], stamp: float) -> list[Row]:

@@ -216,11 +216,7 @@ class SessionTable:
             return existing
         bridge_id = agent_id
         if bridge_id in self._by_bridge:
-            bridge_id = f"{agent_id}~{agent}"
-            for n in itertools.count(2):
-                if bridge_id not in self._by_bridge:
-                    break
-                bridge_id = f"{agent_id}~{agent}~{n}"
+            bridge_id = self._second_id(agent, agent_id)
         session = Session(
             bridge_id=bridge_id,
             agent=agent,
@@ -232,6 +228,27 @@ class SessionTable:
         self._by_bridge[bridge_id] = session
         self._by_agent.setdefault(agent, {})[agent_id] = session
         return session
+
+    def _second_id(self, agent: str, agent_id: str) -> str:
+        """A free bridge id for an agent id that is taken: ``"<id>~<agent>"``, then ``~2``..."""
+        bridge_id = f"{agent_id}~{agent}"
+        for n in itertools.count(2):
+            if bridge_id not in self._by_bridge:
+                break
+            bridge_id = f"{agent_id}~{agent}~{n}"
+        return bridge_id
+
+    def displace(self, session: Session) -> str:
+        """
+        Move ``session`` to a bridge id of its own (minted as for a second agent with its agent
+        id), freeing the one it had for a new session; returns the new bridge id.
+        """
+        if self._by_bridge.get(session.bridge_id) is session:
+            del self._by_bridge[session.bridge_id]
+        session.bridge_id = self._second_id(session.agent, session.agent_id)
+        session.rewrite = True
+        self._by_bridge[session.bridge_id] = session
+        return session.bridge_id
 
     def bind(self, agent: str, agent_id: str, bridge_id: str) -> Session:
         """

@@ -251,6 +251,7 @@ class Store:
         journal: Iterable[JournalEntry] = (),
         journal_runs: Sequence[tuple[str, int, int, int, float, bytes]] = (),
         deleted: Iterable[str] = (),
+        renamed: Iterable[tuple[str, str]] = (),
         pending_added: Iterable[tuple[str, str, str, str]] = (),
         pending_removed: Iterable[str] = (),
     ) -> None:
@@ -259,9 +260,15 @@ class Store:
 
         ``journal_runs`` are runs of entries already in column order (session, first seq,
         last seq, live, time, the entries' lines joined): the writer's hot path, with no
-        object per entry. ``journal`` entries are written one run each.
+        object per entry. ``journal`` entries are written one run each. ``renamed`` sessions
+        (old bridge id, new) move first, with their journal, over whatever was at the new id.
         """
         with self._conn as conn:
+            for old, new in renamed:
+                conn.execute("DELETE FROM journal WHERE session = ?", (new,))
+                conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (new,))
+                conn.execute("UPDATE journal SET session = ? WHERE session = ?", (new, old))
+                conn.execute("UPDATE sessions SET bridge_id = ? WHERE bridge_id = ?", (new, old))
             conn.executemany(
                 "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(bridge_id) DO "
                 "UPDATE SET agent=excluded.agent, agent_id=excluded.agent_id, "

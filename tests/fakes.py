@@ -55,6 +55,7 @@ class FakeAgent:
         early_update: bool = False,
         list_pages: int = 0,
         new_delay: float = 0.0,
+        session_id: str | None = None,
     ) -> None:
         self.name = name
         self.prefix = prefix
@@ -72,6 +73,8 @@ class FakeAgent:
         self.early_update = early_update
         self.list_pages = list_pages
         self.new_delay = new_delay
+        #: a broken agent: every session/new answers this id (None: s1, s2, ...)
+        self.session_id = session_id
         self.received: list[dict[str, Any]] = []
         self.starts = 0
         self.sessions: list[str] = []
@@ -164,7 +167,7 @@ class FakeAgent:
         if method == "session/new":
             if self.new_delay:
                 await trio.sleep(self.new_delay)
-            sid = f"{self.prefix}{next(self._session_counter)}"
+            sid = self.session_id or f"{self.prefix}{next(self._session_counter)}"
             self.sessions.append(sid)
             if self.early_update:
                 await self.update(sid, f"{self.name}:{sid}:early")

@@ -369,7 +369,9 @@ async def test_attach_survives_the_server_dropping_the_socket_mid_turn():
             assert init["params"]["_meta"]["acp_bridge"]["seq"] is True
             assert load["method"] == "session/load"
             assert load["params"]["sessionId"] == sid
-            assert load["params"]["_meta"] == {"acp_bridge": {"after_seq": last_seen}}
+            assert load["params"]["_meta"] == {
+                "acp_bridge": {"after_seq": last_seen, "journal_replay": True}
+            }
             assert isinstance(load["id"], str)
             assert load["id"].startswith("acp-bridge-attach:")
             nursery.cancel_scope.cancel()
@@ -809,7 +811,7 @@ def test_core_reinitializes_and_reloads_with_ids_of_its_own():
             "sessionId": "s1",
             "mcpServers": [],
             "cwd": "/w",
-            "_meta": {"acp_bridge": {"agent": "b", "after_seq": 7}},
+            "_meta": {"acp_bridge": {"agent": "b", "after_seq": 7, "journal_replay": True}},
         },
     }
     assert core.phase is Phase.ATTACHING

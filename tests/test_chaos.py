@@ -853,9 +853,10 @@ async def test_a_restarted_agent_reusing_a_session_id_gets_a_new_session_not_the
 
 async def test_after_a_restart_a_new_session_does_not_capture_a_stored_one(tmp_path):
     """The bridge restarts with a stored session ``s1``; the fresh agent mints ``s1`` for a
-    new session: the new one gets its own id and journal, the stored one stays listed and
-    replays its own journal (its agent cannot continue it)."""
-    from .test_durable import durable_bridge, texts
+    new session: the new one has the agent's id unchanged (the stored one is not live) and a
+    journal of its own; the stored one moves aside to ``s1~a``, stays listed, and replays its
+    own journal to a client that asks for journal replays (its agent cannot continue it)."""
+    from .test_durable import JOURNAL_REPLAY, durable_bridge, texts
 
     path = tmp_path / "bridge.db"
     with trio.fail_after(30):
@@ -866,16 +867,24 @@ async def test_after_a_restart_a_new_session_does_not_capture_a_stored_one(tmp_p
                 pass
         async with durable_bridge(path, {"a": FakeAgent("a")}) as (client, bridge, _):
             new = await client.new_session()
-            assert new != old
-            assert bridge.sessions.get(old).state is SessionState.STORED
+            assert new == old == "s1"
+            moved = "s1~a"
+            assert bridge.sessions.get(moved).state is SessionState.STORED
+            assert bridge.sessions.get(new).state is SessionState.ACTIVE
             await client.prompt(new, "count 1")
-            reply = await client.request("session/load", {**NEW, "sessionId": old})
+            refused = await client.request("session/load", {**NEW, "sessionId": moved})
+            assert refused["error"]["code"] == -32002
+            assert "gave its id to a new session" in refused["error"]["message"]
+            reply = await client.request(
+                "session/load", {**NEW, "sessionId": moved, "_meta": JOURNAL_REPLAY}
+            )
             ours = reply["result"]["_meta"]["acp_bridge"]
             assert ours["restored"] is False
             assert "gave its id to a new session" in ours["reason"]
-            assert texts(client.received, old) == ["count 3", "a:s1:0", "a:s1:1", "a:s1:2"]
+            assert texts(client.received, moved) == ["count 3", "a:s1:0", "a:s1:1", "a:s1:2"]
+            assert texts(client.received, new) == ["a:s1:0"]  # (the replay went to s1~a)
             listed = (await client.call("session/list", {}))["sessions"]
-            assert {old, new} <= {s["sessionId"] for s in listed}
+            assert {moved, new} <= {s["sessionId"] for s in listed}
 
 
 # -- regression: a connection that closes while the bridge stops ---------------------------------

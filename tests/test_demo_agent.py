@@ -369,8 +369,12 @@ async def test_new_session_mints_ids_and_announces_commands_after_the_response(s
         commands = await wire.receive()
         second = await wire.new_session()
     assert before == []
+    first = response["result"]["sessionId"]
+    run = first.removeprefix("s-").removesuffix("-1")
+    assert first == f"s-{run}-1"
+    assert len(run) == 12  # (a run's random part: 48 bits in hex)
     assert response["result"] == {
-        "sessionId": "s-1",
+        "sessionId": first,
         "modes": {
             "currentModeId": "ask",
             "availableModes": [
@@ -393,7 +397,7 @@ async def test_new_session_mints_ids_and_announces_commands_after_the_response(s
         ],
     }
     assert commands["method"] == "session/update"
-    assert commands["params"]["sessionId"] == "s-1"
+    assert commands["params"]["sessionId"] == first
     update = commands["params"]["update"]
     assert update["sessionUpdate"] == "available_commands_update"
     assert [c["name"] for c in update["availableCommands"]] == [
@@ -403,7 +407,19 @@ async def test_new_session_mints_ids_and_announces_commands_after_the_response(s
         "read",
         "fail",
     ]
-    assert second == "s-2"
+    assert second == f"s-{run}-2"
+
+
+async def test_session_ids_are_unique_across_runs(start_agent):
+    """Two processes of the demo agent (a bridge restarted on the same store) mint no id
+    twice: the second run's sessions never take a stored session's id."""
+    with trio.fail_after(TIMEOUT):
+        first_run = await start_agent()
+        second_run = await start_agent()
+        ids = [await first_run.new_session(), await first_run.new_session()]
+        ids += [await second_run.new_session(), await second_run.new_session()]
+    assert len(set(ids)) == 4
+    assert all(sid.startswith("demo-") for sid in ids)
 
 
 async def test_new_session_needs_an_absolute_cwd(start_agent):
@@ -420,7 +436,7 @@ async def test_session_limit(start_agent):
         first = await wire.new_session()
         assert await wire.call_error("session/new", {"cwd": CWD, "mcpServers": []}) == -32603
         await wire.call("session/close", {"sessionId": first})
-        assert await wire.new_session() == "demo-2"
+        assert await wire.new_session() == first.removesuffix("-1") + "-2"
 
 
 async def test_unknown_session_is_resource_not_found(start_agent):

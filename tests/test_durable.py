@@ -23,12 +23,14 @@ from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._journal import RUN_MAX_BYTES, Journal, runs
-from acp_bridge._routing import History
+from acp_bridge._routing import History, SessionState
 from acp_bridge._store import JournalEntry, SessionRow, open_store
 
 from .fakes import FakeAgent, TestClient, connect, make_config, open_bridge
 
 NEW = {"cwd": "/w", "mcpServers": []}
+#: a load's opt-in to a replay from the journal when the agent cannot restore the session
+JOURNAL_REPLAY = {"acp_bridge": {"journal_replay": True}}
 
 
 def record(journal: Journal, session: str, history: History, data: bytes, live: bool = True):
@@ -288,8 +290,8 @@ def test_a_new_store_has_pages_of_page_size(tmp_path):
 
 
 async def test_restart_lists_the_session_and_replays_the_journal_when_the_agent_cannot(tmp_path):
-    """The new agent process does not know the session: journal replay + a clear statement,
-    and a prompt then fails with -32002 saying why."""
+    """The new agent process does not know the session: a client that asked for journal
+    replays gets one + a clear statement, and a prompt then fails with -32002 saying why."""
     db = tmp_path / "bridge.db"
     async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, _, _n):
         sid = await client.new_session()
@@ -298,7 +300,9 @@ async def test_restart_lists_the_session_and_replays_the_journal_when_the_agent_
         listed = await client.call("session/list", {})
         assert sid in [s["sessionId"] for s in listed["sessions"]]
         before = len(client.received)
-        answer = await client.request("session/load", {**NEW, "sessionId": sid})
+        answer = await client.request(
+            "session/load", {**NEW, "sessionId": sid, "_meta": JOURNAL_REPLAY}
+        )
         ours = answer["result"]["_meta"]["acp_bridge"]
         assert ours["restored"] is False
         assert "could not load it" in ours["reason"]
@@ -365,7 +369,9 @@ async def test_an_agent_without_load_gets_the_journal_replay(tmp_path):
         sid = await client.new_session()
         await client.prompt(sid, "count 2")
     async with durable_bridge(db, {"a": FakeAgent("a", capabilities={})}) as (client, _, _n):
-        answer = await client.request("session/load", {**NEW, "sessionId": sid})
+        answer = await client.request(
+            "session/load", {**NEW, "sessionId": sid, "_meta": JOURNAL_REPLAY}
+        )
         assert "does not support session/load" in answer["result"]["_meta"]["acp_bridge"]["reason"]
         assert texts(client.received, sid)[-2:] == ["a:s1:0", "a:s1:1"]
         assert (await client.prompt(sid, "count 1"))["error"]["code"] == -32002
@@ -386,6 +392,124 @@ async def test_a_pending_approval_at_stop_is_settled_by_the_unattended_rule_afte
         assert restarted[0].session == sid
     store = open_store(str(db))
     assert store.pending_approvals() == []
+    store.close()
+
+
+async def test_a_load_only_the_journal_can_serve_is_refused_unless_asked_for(tmp_path):
+    """acpx's way after a restart: session/load its saved session, session/new when that
+    fails. Without ``journal_replay: true`` a load the agent cannot serve is -32002 with the
+    reason and replays nothing (a success would say the session goes on: acpx then never
+    fell back, and every prompt failed); the session stays stored, and the fallback's new
+    session has the agent's own id and works."""
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, _, _n):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 2")
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
+        before = len(client.received)
+        for meta in ({}, {"_meta": {"acp_bridge": {"journal_replay": False}}}):
+            refused = await client.request("session/load", {**NEW, "sessionId": sid, **meta})
+            assert refused["error"]["code"] == -32002
+            assert "cannot be restored" in refused["error"]["message"]
+            assert "could not load it" in refused["error"]["message"]
+            assert "could not load it" in refused["error"]["data"]["reason"]
+        assert texts(client.received[before:], sid) == []
+        assert bridge.sessions.get(sid).state is SessionState.STORED
+        assert (await client.prompt(sid, "count 1"))["error"]["code"] == -32002
+        new = await client.new_session()
+        assert new == sid == "s1"  # (the stored one moved aside: it was not live)
+        reply = await client.prompt(new, "count 1")
+        assert reply["result"]["stopReason"] == "end_turn"
+        assert client.updates(new) == ["a:s1:0"]
+
+
+async def test_an_agent_without_load_is_refused_too_without_the_opt_in(tmp_path):
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a", capabilities={})}) as (client, _, _n):
+        sid = await client.new_session()
+        await client.prompt(sid, "count 2")
+    async with durable_bridge(db, {"a": FakeAgent("a", capabilities={})}) as (client, _, _n):
+        refused = await client.request("session/load", {**NEW, "sessionId": sid})
+        assert refused["error"]["code"] == -32002
+        assert "does not support session/load" in refused["error"]["data"]["reason"]
+        assert texts(client.received, sid) == []
+
+
+async def test_after_restarts_new_sessions_keep_the_agents_ids_and_stored_ones_move_aside(
+    tmp_path,
+):
+    """Three runs on one store of an agent that counts its ids from s1 each run: every
+    run's sessions have the agent's ids unchanged (no ``~a``, no ``~a~2``: the earlier runs'
+    sessions are stored, not live). Those move to ids of their own with their journal: still
+    listed, and a load with the opt-in replays each one's own conversation."""
+    db = tmp_path / "bridge.db"
+    for run in range(3):
+        async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
+            assert {s.state for s in bridge.sessions} <= {SessionState.STORED}
+            assert [await client.new_session(), await client.new_session()] == ["s1", "s2"]
+            await client.prompt("s1", f"count {run + 1}")
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
+        listed = {s["sessionId"] for s in (await client.call("session/list", {}))["sessions"]}
+        assert listed == {"s1", "s2", "s1~a", "s2~a", "s1~a~2", "s2~a~2"}
+        for sid, run in (("s1~a", 0), ("s1~a~2", 1), ("s1", 2)):
+            before = len(client.received)
+            answer = await client.request(
+                "session/load", {**NEW, "sessionId": sid, "_meta": JOURNAL_REPLAY}
+            )
+            assert answer["result"]["_meta"]["acp_bridge"]["complete"] is True
+            replay = client.received[before : client.received.index(answer)]
+            assert texts(replay, sid) == [f"count {run + 1}"] + [
+                f"a:s1:{i}" for i in range(run + 1)
+            ]
+
+
+def test_store_renames_a_session_with_its_journal_over_a_closed_ones_leftovers(tmp_path):
+    store = open_store(str(tmp_path / "b.db"))
+    store.write(
+        sessions=[
+            SessionRow("s1", "a", "s1", state="active"),
+            SessionRow("s1~a", "a", "s1", state="closed"),
+        ],
+        journal=[JournalEntry("s1", 1, b"mine\n"), JournalEntry("s1~a", 1, b"old\n")],
+    )
+    # One commit: s1 moves aside, and a new s1 is written in its place.
+    store.write(
+        renamed=[("s1", "s1~a")],
+        sessions=[SessionRow("s1", "a", "s1", state="active")],
+        journal=[JournalEntry("s1", 1, b"new\n")],
+    )
+    assert {r.bridge_id: r.state for r in store.sessions()} == {"s1~a": "active", "s1": "active"}
+    assert [e.data for e in store.journal("s1~a")] == [b"mine\n"]
+    assert [e.data for e in store.journal("s1")] == [b"new\n"]
+    store.close()
+
+
+async def test_a_replay_of_a_moved_session_waits_until_the_move_is_in_the_store(tmp_path):
+    """A session moved aside (Journal.rename) is read back only once its rename is written:
+    what was pending for it (its row, its entries) goes under its new id."""
+    store = open_store(str(tmp_path / "b.db"))
+    store.write(sessions=[SessionRow("s1", "a", "s1")], journal=[JournalEntry("s1", 1, b"x\n")])
+    journal = Journal(store)
+    h = history()
+    h.continue_from(1)
+    record(journal, "s1", h, b"y\n")
+    journal.rename("s1", "s1~a")
+    moved = trio.Event()
+
+    async def read():
+        await journal.moved("s1~a")
+        moved.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not moved.is_set()
+        await journal._commit()
+        await moved.wait()
+    await journal.moved("s2")  # nothing pending for it: at once
+    assert [e.data for e in store.journal("s1~a")] == [b"x\n", b"y\n"]
+    assert store.journal_bounds("s1") == (0, 0)
+    assert [r.bridge_id for r in store.sessions()] == ["s1~a"]
     store.close()
 
 

@@ -281,6 +281,37 @@ FS = {"fs": {"readTextFile": True, "writeTextFile": True}}
 #: what a kill -9 may lose of the journal: updates relayed within this long before the kill
 #: (the journal commits every 50 ms; one transaction's own time comes on top)
 JOURNAL_LOSS_WINDOW = 0.5
+#: a load's opt-in to a replay from the journal (the new demo agent process cannot restore it)
+JOURNAL_REPLAY = {"acp_bridge": {"journal_replay": True}}
+
+
+async def test_an_acpx_style_client_falls_back_to_a_new_session_after_each_restart(tmp_path):
+    """acpx starts ``acp-bridge stdio`` per command: it loads its saved session, and opens a
+    new one when that load fails. Each later run's load of the earlier run's session is
+    -32002 with the reason (the new demo agent process cannot restore it; it used to answer
+    success, so the client never fell back and every prompt failed with -32002); the new
+    session has the demo agent's id unchanged (unique across runs: no ``~demo`` suffix) and
+    its prompt is answered."""
+    new = {"cwd": str(tmp_path), "mcpServers": []}
+    sids: list[str] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                bridge = await open_bridge_process(nursery, f"demo={DEMO}")
+                if sids:
+                    load = await bridge.call("session/load", {**new, "sessionId": sids[-1]})
+                    assert load["error"]["code"] == -32002, load
+                    assert "could not load it" in load["error"]["data"]["reason"]
+                sid = (await bridge.call("session/new", new))["result"]["sessionId"]
+                prompt = [{"type": "text", "text": "hello"}]
+                reply = await bridge.call("session/prompt", {"sessionId": sid, "prompt": prompt})
+                assert reply["result"]["stopReason"] == "end_turn"
+                sids.append(sid)
+                assert bridge.proc.stdin is not None
+                await bridge.proc.stdin.aclose()
+                await bridge.proc.wait()
+    assert len(set(sids)) == 3
+    assert not [sid for sid in sids if "~" in sid]
 
 
 async def test_kill_9_mid_stream_then_restart_keeps_the_journal_and_lists_the_session(tmp_path):
@@ -342,7 +373,7 @@ async def test_kill_9_mid_stream_then_restart_keeps_the_journal_and_lists_the_se
                     "jsonrpc": "2.0",
                     "id": "load",
                     "method": "session/load",
-                    "params": {**new, "sessionId": sid},
+                    "params": {**new, "sessionId": sid, "_meta": JOURNAL_REPLAY},
                 }
             )
             while True:

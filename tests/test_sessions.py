@@ -469,3 +469,50 @@ async def test_an_answer_for_a_link_closed_by_overflow_is_held_for_whoever_takes
         assert result["_meta"]["acp_bridge"]["pending"] == [3]
         answer = await client.wait_for(lambda m: m.get("id") == 3)
         assert answer["result"]["stopReason"] == "end_turn"
+
+
+async def test_an_agent_that_reuses_a_live_session_id_never_merges_two_clients_sessions():
+    """An agent answering every session/new with ``"dup"``: the second client's new session
+    is refused with a clear error. The first keeps its session: still its owner, its roots
+    and ``unattended`` untouched, its permission requests shown to it alone. (The second
+    session used to land on the first: ownership moved silently, the roots and the
+    unattended flag were overwritten, and the second client was shown the first's requests.)"""
+    a = FakeAgent("a", session_id="dup")
+    with trio.fail_after(10):
+        async with open_bridge({"a": a}) as (alice, bridge):
+            assert await alice.new_session() == "dup"
+            async with trio.open_nursery() as nursery:
+                bob = await connect(bridge, nursery, name="bob")
+                refused = await bob.request(
+                    "session/new",
+                    {
+                        "cwd": "/elsewhere",
+                        "mcpServers": [],
+                        "_meta": {"acp_bridge": {"unattended": True}},
+                    },
+                )
+                assert refused["error"]["code"] == -32603
+                assert "already open" in refused["error"]["message"]
+                assert "'dup'" in refused["error"]["message"]
+                assert len(bridge.sessions) == 1
+                session = bridge.sessions.get("dup")
+                assert session.client is not None
+                assert session.client.name == "stdio"  # alice
+                assert session.roots == ("/w",)
+                assert session.unattended is False
+                # The agent's permission request goes to alice, the session's owner, only.
+                nursery.start_soon(alice.prompt, "dup", "permission")
+                shown = await alice.agent_requests.receive()
+                assert shown["method"] == "session/request_permission"
+                await alice.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": shown["id"],
+                        "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
+                    }
+                )
+                await alice.wait_for(lambda m: "a:outcome:yes" in str(m))
+                assert not [m for m in bob.received if m.get("method")]
+                told = await bob.prompt("dup", "count 1")
+                assert "another connection" in told["error"]["message"]
+                nursery.cancel_scope.cancel()

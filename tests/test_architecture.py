@@ -32,6 +32,7 @@ PURE: tuple[str, ...] = (
     "_store",
     "_log",
     "_reaper",
+    "_attach_core",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).
@@ -47,11 +48,11 @@ KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
 
 #: The share of the package's lines in modules that reach no trio import: a ratchet, raise it
 #: when a change moves more code out of the trio shells.
-PURE_SHARE_FLOOR = 0.241
+PURE_SHARE_FLOOR = 0.296
 
 #: Modules above the size limit, still to split. Only shrinks.
 MAX_LINES = 800
-OVERSIZE: frozenset[str] = frozenset({"_bridge", "_ws", "_attach", "_demo_agent"})
+OVERSIZE: frozenset[str] = frozenset({"_bridge", "_ws", "_demo_agent"})
 
 TRIO = frozenset({"trio", "trio_websocket"})
 

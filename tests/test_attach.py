@@ -28,15 +28,13 @@ import trio_websocket
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._attach import (
     CLOSE_TIMEOUT,
-    AttachCore,
-    Backoff,
-    Phase,
     TokenError,
     attach,
     check_url,
     resolve_token,
     websocket_connector,
 )
+from acp_bridge._attach_core import AttachCore, Backoff, Phase
 from acp_bridge._bridge import Bridge
 from acp_bridge._config import WebSocketConfig
 from acp_bridge._jsonrpc import dumps, loads

@@ -33,11 +33,9 @@ Giving up:
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import math
 import os
 import random
-import signal
 import ssl
 import sys
 import urllib.parse
@@ -52,10 +50,12 @@ from acp_bridge._attach_core import AttachCore, Backoff, Phase, ReattachFailed, 
 from acp_bridge._framing import DEFAULT_MAX_LINE_BYTES, LineDecoder, Oversize
 from acp_bridge._jsonrpc import JsonRpcError, dumps
 from acp_bridge._jsonrpc import error as error_msg
+from acp_bridge._nursery import cancel_on_signals, leaves
+from acp_bridge._token import TokenError, is_loopback, resolve_token
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
     from contextlib import AbstractAsyncContextManager
 
     #: Opens one WebSocket connection to the daemon (and closes it on exit).
@@ -65,11 +65,9 @@ __all__ = [
     "AttachCore",
     "Backoff",
     "Phase",
-    "TokenError",
     "attach",
     "check_url",
     "main_attach",
-    "resolve_token",
     "run_attach",
     "websocket_connector",
 ]
@@ -577,24 +575,13 @@ def _single_error() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
-        if len(leaves) == 1 and isinstance(leaves[0], Exception):
-            raise leaves[0] from None
+        errors = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+        if len(errors) == 1 and isinstance(errors[0], Exception):
+            raise errors[0] from None
         raise
 
 
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
-
-
 # --------------------------------------------------------------------- the command
-
-
-class TokenError(Exception):
-    """No usable token (or URL): a usage error."""
 
 
 def check_url(url: str) -> str:
@@ -607,67 +594,9 @@ def check_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise TokenError(f"not a WebSocket URL: {url!r} (expected ws://HOST:PORT/acp)")
-    if parts.scheme == "ws" and not _is_loopback(parts.hostname):
+    if parts.scheme == "ws" and not is_loopback(parts.hostname):
         logger.warning("attach_insecure_url", host=parts.hostname, hint="use wss:// or a tunnel")
     return url
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def resolve_token(
-    token_file: str | None,
-    token_env: str | None,
-    url: str,
-    *,
-    environ: Mapping[str, str] | None = None,
-) -> str:
-    """
-    The bearer token: from ``token_file`` (whitespace stripped), else the variable
-    ``token_env``; with neither, ``$ACP_BRIDGE_TOKEN``, else (for a loopback URL only) the
-    token file a local ``acp-bridge serve`` generates under its state directory.
-
-    Raises:
-        TokenError: the file is missing or unreadable, the variable unset, the token empty or
-            not fit for an HTTP header.
-    """
-    env = os.environ if environ is None else environ
-    if token_file is not None:
-        try:
-            with open(token_file, "rb") as f:
-                raw = f.read(4096)
-        except OSError as exc:
-            raise TokenError(f"token file {token_file}: {exc.strerror or exc}") from None
-        token = raw.decode("utf-8", "replace").strip()
-        source = f"token file {token_file}"
-    elif token_env is not None:
-        token = env.get(token_env, "").strip()
-        source = f"environment variable {token_env}"
-    elif env.get("ACP_BRIDGE_TOKEN", "").strip():
-        token = env["ACP_BRIDGE_TOKEN"].strip()
-        source = "environment variable ACP_BRIDGE_TOKEN"
-    else:
-        from acp_bridge._config import default_state_dir
-
-        host = urllib.parse.urlsplit(url).hostname or ""
-        default = default_state_dir() / "token"
-        if not _is_loopback(host) or not default.is_file():
-            raise TokenError(
-                "no token: give --token-file FILE or --token-env VAR "
-                "(`acp-bridge serve` prints where its token is)"
-            )
-        return resolve_token(str(default), None, url, environ=env)
-    if not token:
-        raise TokenError(f"{source}: empty")
-    if not (token.isascii() and token.isprintable()) or " " in token:
-        raise TokenError(f"{source}: not a token (spaces or control characters)")
-    return token
 
 
 def run_attach(
@@ -691,7 +620,7 @@ def run_attach(
         status = EXIT_OK
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_signals, nursery.cancel_scope)
+                nursery.start_soon(cancel_on_signals, nursery.cancel_scope, logger)
                 status = await attach(
                     editor_in,
                     editor_out,
@@ -708,14 +637,6 @@ def run_attach(
         return status
 
     return trio.run(main)
-
-
-async def _cancel_on_signals(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            logger.info("signal_received", signal=signal.Signals(signum).name)
-            scope.cancel()
-            return
 
 
 def main_attach(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ writing to stdout lands in the diagnostics, never in the protocol stream.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -21,6 +20,7 @@ from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._heap import fix_mmap_threshold, trim_heap_forever
 from acp_bridge._journal import Journal
+from acp_bridge._nursery import cancel_on_signals
 from acp_bridge._store import Store, open_store
 from acp_bridge._trace import open_wire_trace
 
@@ -76,7 +76,7 @@ async def with_bridge(
                 launcher = make_subprocess_launcher(
                     reaper=reaper, stop_grace=config.bridge.stop_grace
                 )
-            outer.start_soon(_cancel_on_signals, outer.cancel_scope)
+            outer.start_soon(cancel_on_signals, outer.cancel_scope, logger)
             async with trio.open_nursery() as inner:
                 bridge = Bridge(
                     config,
@@ -98,14 +98,6 @@ async def with_bridge(
             outer.cancel_scope.cancel()
     finally:
         store.close()
-
-
-async def _cancel_on_signals(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            logger.info("signal_received", signal=signal.Signals(signum).name)
-            scope.cancel()
-            return
 
 
 async def serve_stdio(

@@ -33,6 +33,8 @@ PURE: tuple[str, ...] = (
     "_log",
     "_reaper",
     "_attach_core",
+    "_token",
+    "_status",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).
@@ -42,13 +44,12 @@ PURE_THIRD_PARTY = frozenset({"attrs", "cattrs", "orjson", "structlog"})
 KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
     {
         ("_approvals", "_bridge"),
-        ("_status", "_ws"),
     }
 )
 
 #: The share of the package's lines in modules that reach no trio import: a ratchet, raise it
 #: when a change moves more code out of the trio shells.
-PURE_SHARE_FLOOR = 0.296
+PURE_SHARE_FLOOR = 0.342
 
 #: Modules above the size limit, still to split. Only shrinks.
 MAX_LINES = 800

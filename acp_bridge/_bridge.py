@@ -45,6 +45,7 @@ from acp_bridge._agent import (
 )
 from acp_bridge._approvals import Approvals, Ask
 from acp_bridge._audit import AuditLog
+from acp_bridge._backoff import CrashLoop, Restarts
 from acp_bridge._containment import PathRefused, contain
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._heap import memory_figures
@@ -569,7 +570,6 @@ class AgentLink:
     pid: int | None = None
     exit_status: int | None = None
     starts: int = 0
-    deaths: collections.deque[float] = attrs.field(factory=lambda: collections.deque(maxlen=64))
     #: URL elicitations in progress: elicitationId → the client that was shown it
     elicitations: dict[str, ClientLink] = attrs.field(factory=dict)
     new_in_flight: int = 0
@@ -588,6 +588,8 @@ class AgentLink:
     failure: str | None = None
     #: kills the running process at once (from its transport)
     kill: Callable[[], None] | None = None
+    #: its deaths, and when it may start again
+    restarts: Restarts = attrs.field(kw_only=True)
 
     @property
     def name(self) -> str:
@@ -773,6 +775,7 @@ class Bridge:
                 queue_size=limits.agent_queue,
                 tracer=tracer,
                 counters=self.counters,
+                restarts=Restarts.from_config(limits),
             )
             for name, agent in config.agents.items()
         }
@@ -2000,23 +2003,17 @@ class Bridge:
         return agent.state is AgentState.READY
 
     def _restart_delay(self, agent: AgentLink) -> float:
-        limits = self.config.bridge
-        now = trio.current_time()
-        recent = [t for t in agent.deaths if now - t < limits.crash_loop_window]
-        if len(recent) >= limits.crash_loop_limit:
+        verdict = agent.restarts.next_start(trio.current_time())
+        if isinstance(verdict, CrashLoop):
             err = JsonRpcError(
                 INTERNAL_ERROR,
-                f"agent {agent.name!r} crashed {len(recent)} times in "
-                f"{limits.crash_loop_window:g}s; not restarting it until that calms down",
+                f"agent {agent.name!r} crashed {verdict.deaths} times in "
+                f"{verdict.window:g}s; not restarting it until that calms down",
                 agent.failure_data(),
             )
             agent.start_error = err
             raise err
-        if not recent:
-            return 0.0
-        return float(
-            min(limits.restart_backoff_initial * 2 ** (len(recent) - 1), limits.restart_backoff_max)
-        )
+        return verdict
 
     async def _agent_life(self, agent: AgentLink, delay: float) -> None:
         """One life of an agent process: start, initialize, relay until it exits."""
@@ -2134,7 +2131,7 @@ class Bridge:
     def _start_failed(self, agent: AgentLink, exc: JsonRpcError) -> None:
         agent.state = AgentState.DEAD
         agent.start_error = exc
-        agent.deaths.append(trio.current_time())
+        agent.restarts.died(trio.current_time())
         agent.settled.set()
         self.log.error("agent_start_failed", agent=agent.name, error=exc.message)
 
@@ -2142,7 +2139,7 @@ class Bridge:
         """Every request waiting on the agent is answered; its sessions end."""
         if agent.state is not AgentState.STOPPING:
             if agent.state is AgentState.READY:
-                agent.deaths.append(trio.current_time())
+                agent.restarts.died(trio.current_time())
             agent.state = AgentState.DEAD
         agent._send = None
         agent._fd = None

@@ -35,6 +35,7 @@ PURE: tuple[str, ...] = (
     "_attach_core",
     "_token",
     "_status",
+    "_backoff",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

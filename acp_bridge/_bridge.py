@@ -78,7 +78,7 @@ from acp_bridge._store import AuditRecord, SessionRow
 from acp_bridge._timers import Deadlines
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
     from acp_bridge._config import AgentConfig, Config
     from acp_bridge._journal import Journal
@@ -246,12 +246,6 @@ class ClientLink:
     :meth:`pump` to write what the bridge queued for the client.
     """
 
-    _ids = itertools.count(1)
-
-    #: ids of requests the bridge sends to clients: unique across all connections, so an
-    #: answer meant for a request of a dead connection can never settle a new one
-    _request_ids = itertools.count(1)
-
     def __init__(
         self,
         *,
@@ -260,8 +254,11 @@ class ClientLink:
         blocking: bool,
         tracer: Tracer | None = None,
         counters: collections.Counter[str] | None = None,
+        ids: Iterator[int] | None = None,
+        request_ids: Iterator[int] | None = None,
     ) -> None:
-        self.id = next(self._ids)
+        # ids: the bridge's counter of links (by default this link is number 1)
+        self.id = next(ids if ids is not None else itertools.count(1))
         self.name = name
         self.blocking = blocking
         self._tracer = tracer
@@ -294,7 +291,10 @@ class ClientLink:
         #: the pipe the writer writes to (stdio), when it is one: see :meth:`_put`
         self._fd: int | None = None
         #: requests the bridge sent to this client (forwarded agent requests)
-        self.pending: PendingTable[Forwarded] = PendingTable(ClientLink._request_ids)
+        #: ids of requests the bridge sends to clients, from ``request_ids``: the bridge's
+        #: counter makes them unique across its connections, so an answer meant for a
+        #: request of a dead connection can never settle a new one
+        self.pending: PendingTable[Forwarded] = PendingTable(request_ids)
         #: this client's requests still out at an agent: client id → (agent, id on agent link)
         self.inflight: dict[JsonRpcId, tuple[AgentLink, int]] = {}
         self.capabilities: JsonObject = {}
@@ -782,6 +782,9 @@ class Bridge:
         self.default_agent = config.default_agent.name
         self.sessions = SessionTable()
         self.clients: set[ClientLink] = set()
+        #: numbers of client links, and ids of requests to clients (see :class:`ClientLink`)
+        self._client_ids = itertools.count(1)
+        self._client_request_ids = itertools.count(1)
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
         self._busy_readers = 0
         self._nursery: trio.Nursery | None = None
@@ -887,6 +890,8 @@ class Bridge:
             blocking=blocking,
             tracer=self.tracer,
             counters=self.counters,
+            ids=self._client_ids,
+            request_ids=self._client_request_ids,
         )
         self.clients.add(link)
         return link

@@ -65,7 +65,7 @@ from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._jsonrpc import request as request_msg
 from acp_bridge._jsonrpc import result as result_msg
-from acp_bridge._redact import REDACTOR
+from acp_bridge._redact import Redactor
 from acp_bridge._routing import (
     Forwarded,
     History,
@@ -590,6 +590,8 @@ class AgentLink:
     kill: Callable[[], None] | None = None
     #: its deaths, and when it may start again
     restarts: Restarts = attrs.field(kw_only=True)
+    #: the bridge's secrets, hidden in what it reports of the agent's stderr
+    redactor: Redactor = attrs.field(kw_only=True)
 
     @property
     def name(self) -> str:
@@ -682,7 +684,7 @@ class AgentLink:
         return self._send.statistics().current_buffer_used if self._send is not None else 0
 
     def failure_data(self) -> JsonObject:
-        tail = [REDACTOR.redact(line) for line in self.stderr.tail()]
+        tail = [self.redactor.redact(line) for line in self.stderr.tail()]
         data: JsonObject = {"agent": self.name, "stderrTail": tail}
         if self.exit_status is not None:
             data["exitStatus"] = self.exit_status
@@ -742,6 +744,8 @@ class Bridge:
             with. None (stdio): those of the client whose ``initialize`` started it. A daemon
             serving many clients passes what it can relay to any of them (fs, terminal); each
             call is still gated on the capabilities of the client attached to the session.
+        redactor: the secrets to hide in diagnostics; pass the one the logs and the trace use
+            (a new one by default). The bridge adds the agents' and sessions' secrets to it.
     """
 
     def __init__(
@@ -753,6 +757,7 @@ class Bridge:
         audit: AuditLog | None = None,
         tracer: Tracer | None = None,
         journal: Journal | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.config = config
         self._launcher = launcher
@@ -761,7 +766,8 @@ class Bridge:
         self.journal = journal
         #: restored sessions whose agent could not take them up again: why
         self._unrestorable: dict[str, str] = {}
-        self.redactor = REDACTOR
+        #: the secrets this bridge knows (shared with its logs and trace by whoever runs it)
+        self.redactor = redactor if redactor is not None else Redactor()
         for agent_config in config.agents.values():
             self.redactor.add_env(agent_config.env)
         #: messages by direction (from_client, to_client, from_agent, to_agent), errors the
@@ -776,6 +782,7 @@ class Bridge:
                 tracer=tracer,
                 counters=self.counters,
                 restarts=Restarts.from_config(limits),
+                redactor=self.redactor,
             )
             for name, agent in config.agents.items()
         }

@@ -71,7 +71,7 @@ from acp_bridge import _pipes as pipes
 from acp_bridge._config import ConfigError
 from acp_bridge._jsonrpc import JsonRpcError, loads
 from acp_bridge._nursery import leaves
-from acp_bridge._redact import REDACTOR
+from acp_bridge._redact import Redactor
 from acp_bridge._status import METRICS_CONTENT_TYPE, render_metrics
 from acp_bridge._stdio import with_bridge
 from acp_bridge._token import is_loopback, load_or_create_token
@@ -1166,6 +1166,7 @@ def run_serve(
     allow_remote: bool = False,
     insecure: bool = False,
     trace_file: IO[bytes] | None = None,
+    redactor: Redactor | None = None,
 ) -> int:
     """
     ``acp-bridge serve``: the bridge with real agents, and the WebSocket face, until a signal.
@@ -1183,7 +1184,9 @@ def run_serve(
     except ConfigError as exc:
         print(f"acp-bridge serve: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    REDACTOR.add(prepared.token.decode("utf-8", "replace"))  # never in logs or traces
+    # The bridge's secrets, in its logs and trace too: give the one logging was configured with.
+    redactor = redactor if redactor is not None else Redactor()
+    redactor.add(prepared.token.decode("utf-8", "replace"))  # never in logs or traces
 
     async def body(bridge: Bridge) -> None:
         async with trio.open_nursery() as nursery:
@@ -1200,9 +1203,13 @@ def run_serve(
             print(startup_summary(info, agent=name, agent_state=state), file=sys.stderr, flush=True)
 
     async def main() -> None:
-        async with open_wire_trace(trace_file) as tracer:
+        async with open_wire_trace(trace_file, redactor=redactor) as tracer:
             await with_bridge(
-                config, body, agent_client_capabilities=DAEMON_AGENT_CAPABILITIES, tracer=tracer
+                config,
+                body,
+                agent_client_capabilities=DAEMON_AGENT_CAPABILITIES,
+                tracer=tracer,
+                redactor=redactor,
             )
 
     problems: list[str] = []

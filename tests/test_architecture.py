@@ -50,7 +50,7 @@ KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
 
 #: The share of the package's lines in modules that reach no trio import: a ratchet, raise it
 #: when a change moves more code out of the trio shells.
-PURE_SHARE_FLOOR = 0.342
+PURE_SHARE_FLOOR = 0.344
 
 #: Modules above the size limit, still to split. Only shrinks.
 MAX_LINES = 800

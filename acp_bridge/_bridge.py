@@ -45,6 +45,7 @@ from acp_bridge._agent import (
 )
 from acp_bridge._approvals import Approvals, Ask
 from acp_bridge._audit import AuditLog
+from acp_bridge._backoff import CrashLoop, Restarts
 from acp_bridge._containment import PathRefused, contain
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._heap import memory_figures
@@ -65,7 +66,7 @@ from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._jsonrpc import request as request_msg
 from acp_bridge._jsonrpc import result as result_msg
-from acp_bridge._redact import REDACTOR
+from acp_bridge._redact import Redactor
 from acp_bridge._routing import (
     Forwarded,
     History,
@@ -78,7 +79,7 @@ from acp_bridge._store import AuditRecord, SessionRow
 from acp_bridge._timers import Deadlines
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
     from acp_bridge._config import AgentConfig, Config
     from acp_bridge._journal import Journal
@@ -246,12 +247,6 @@ class ClientLink:
     :meth:`pump` to write what the bridge queued for the client.
     """
 
-    _ids = itertools.count(1)
-
-    #: ids of requests the bridge sends to clients: unique across all connections, so an
-    #: answer meant for a request of a dead connection can never settle a new one
-    _request_ids = itertools.count(1)
-
     def __init__(
         self,
         *,
@@ -260,8 +255,11 @@ class ClientLink:
         blocking: bool,
         tracer: Tracer | None = None,
         counters: collections.Counter[str] | None = None,
+        ids: Iterator[int] | None = None,
+        request_ids: Iterator[int] | None = None,
     ) -> None:
-        self.id = next(self._ids)
+        # ids: the bridge's counter of links (by default this link is number 1)
+        self.id = next(ids if ids is not None else itertools.count(1))
         self.name = name
         self.blocking = blocking
         self._tracer = tracer
@@ -294,7 +292,10 @@ class ClientLink:
         #: the pipe the writer writes to (stdio), when it is one: see :meth:`_put`
         self._fd: int | None = None
         #: requests the bridge sent to this client (forwarded agent requests)
-        self.pending: PendingTable[Forwarded] = PendingTable(ClientLink._request_ids)
+        #: ids of requests the bridge sends to clients, from ``request_ids``: the bridge's
+        #: counter makes them unique across its connections, so an answer meant for a
+        #: request of a dead connection can never settle a new one
+        self.pending: PendingTable[Forwarded] = PendingTable(request_ids)
         #: this client's requests still out at an agent: client id → (agent, id on agent link)
         self.inflight: dict[JsonRpcId, tuple[AgentLink, int]] = {}
         self.capabilities: JsonObject = {}
@@ -570,7 +571,6 @@ class AgentLink:
     pid: int | None = None
     exit_status: int | None = None
     starts: int = 0
-    deaths: collections.deque[float] = attrs.field(factory=lambda: collections.deque(maxlen=64))
     #: URL elicitations in progress: elicitationId → the client that was shown it
     elicitations: dict[str, ClientLink] = attrs.field(factory=dict)
     new_in_flight: int = 0
@@ -589,6 +589,10 @@ class AgentLink:
     failure: str | None = None
     #: kills the running process at once (from its transport)
     kill: Callable[[], None] | None = None
+    #: its deaths, and when it may start again
+    restarts: Restarts = attrs.field(kw_only=True)
+    #: the bridge's secrets, hidden in what it reports of the agent's stderr
+    redactor: Redactor = attrs.field(kw_only=True)
 
     @property
     def name(self) -> str:
@@ -681,7 +685,7 @@ class AgentLink:
         return self._send.statistics().current_buffer_used if self._send is not None else 0
 
     def failure_data(self) -> JsonObject:
-        tail = [REDACTOR.redact(line) for line in self.stderr.tail()]
+        tail = [self.redactor.redact(line) for line in self.stderr.tail()]
         data: JsonObject = {"agent": self.name, "stderrTail": tail}
         if self.exit_status is not None:
             data["exitStatus"] = self.exit_status
@@ -741,6 +745,8 @@ class Bridge:
             with. None (stdio): those of the client whose ``initialize`` started it. A daemon
             serving many clients passes what it can relay to any of them (fs, terminal); each
             call is still gated on the capabilities of the client attached to the session.
+        redactor: the secrets to hide in diagnostics; pass the one the logs and the trace use
+            (a new one by default). The bridge adds the agents' and sessions' secrets to it.
     """
 
     def __init__(
@@ -752,6 +758,7 @@ class Bridge:
         audit: AuditLog | None = None,
         tracer: Tracer | None = None,
         journal: Journal | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.config = config
         self._launcher = launcher
@@ -760,7 +767,8 @@ class Bridge:
         self.journal = journal
         #: restored sessions whose agent could not take them up again: why
         self._unrestorable: dict[str, str] = {}
-        self.redactor = REDACTOR
+        #: the secrets this bridge knows (shared with its logs and trace by whoever runs it)
+        self.redactor = redactor if redactor is not None else Redactor()
         for agent_config in config.agents.values():
             self.redactor.add_env(agent_config.env)
         #: messages by direction (from_client, to_client, from_agent, to_agent), errors the
@@ -774,12 +782,17 @@ class Bridge:
                 queue_size=limits.agent_queue,
                 tracer=tracer,
                 counters=self.counters,
+                restarts=Restarts.from_config(limits),
+                redactor=self.redactor,
             )
             for name, agent in config.agents.items()
         }
         self.default_agent = config.default_agent.name
         self.sessions = SessionTable()
         self.clients: set[ClientLink] = set()
+        #: numbers of client links, and ids of requests to clients (see :class:`ClientLink`)
+        self._client_ids = itertools.count(1)
+        self._client_request_ids = itertools.count(1)
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
         self._busy_readers = 0
         self._nursery: trio.Nursery | None = None
@@ -885,6 +898,8 @@ class Bridge:
             blocking=blocking,
             tracer=self.tracer,
             counters=self.counters,
+            ids=self._client_ids,
+            request_ids=self._client_request_ids,
         )
         self.clients.add(link)
         return link
@@ -2033,23 +2048,17 @@ class Bridge:
         return agent.state is AgentState.READY
 
     def _restart_delay(self, agent: AgentLink) -> float:
-        limits = self.config.bridge
-        now = trio.current_time()
-        recent = [t for t in agent.deaths if now - t < limits.crash_loop_window]
-        if len(recent) >= limits.crash_loop_limit:
+        verdict = agent.restarts.next_start(trio.current_time())
+        if isinstance(verdict, CrashLoop):
             err = JsonRpcError(
                 INTERNAL_ERROR,
-                f"agent {agent.name!r} crashed {len(recent)} times in "
-                f"{limits.crash_loop_window:g}s; not restarting it until that calms down",
+                f"agent {agent.name!r} crashed {verdict.deaths} times in "
+                f"{verdict.window:g}s; not restarting it until that calms down",
                 agent.failure_data(),
             )
             agent.start_error = err
             raise err
-        if not recent:
-            return 0.0
-        return float(
-            min(limits.restart_backoff_initial * 2 ** (len(recent) - 1), limits.restart_backoff_max)
-        )
+        return verdict
 
     async def _agent_life(self, agent: AgentLink, delay: float) -> None:
         """One life of an agent process: start, initialize, relay until it exits."""
@@ -2167,7 +2176,7 @@ class Bridge:
     def _start_failed(self, agent: AgentLink, exc: JsonRpcError) -> None:
         agent.state = AgentState.DEAD
         agent.start_error = exc
-        agent.deaths.append(trio.current_time())
+        agent.restarts.died(trio.current_time())
         agent.settled.set()
         self.log.error("agent_start_failed", agent=agent.name, error=exc.message)
 
@@ -2175,7 +2184,7 @@ class Bridge:
         """Every request waiting on the agent is answered; its sessions end."""
         if agent.state is not AgentState.STOPPING:
             if agent.state is AgentState.READY:
-                agent.deaths.append(trio.current_time())
+                agent.restarts.died(trio.current_time())
             agent.state = AgentState.DEAD
         agent._send = None
         agent._fd = None

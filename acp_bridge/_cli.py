@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import IO
 
+    from acp_bridge._redact import Redactor
+
 
 EXIT_USAGE = 2
 
@@ -224,8 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         protocol_fd = claim_stdout()
 
     from acp_bridge._log import configure_logging
+    from acp_bridge._redact import Redactor
 
-    configure_logging(level=args.log_level, fmt=args.log_format, file=args.log_file)
+    # The bridge's secrets, masked in its logs, its trace and its reports alike.
+    redactor = Redactor()
+    configure_logging(
+        level=args.log_level, fmt=args.log_format, file=args.log_file, redactor=redactor
+    )
     try:
         config = _load(args)
     except ConfigError as exc:
@@ -245,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"acp-bridge: --trace {args.trace}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return _run(args, config, protocol_fd, trace_file)
+        return _run(args, config, protocol_fd, trace_file, redactor)
     except (StoreError, PromptFailed, BaseExceptionGroup) as exc:
         known = _known_failure(exc, (StoreError, PromptFailed))
         if known is None:
@@ -269,13 +276,21 @@ def _known_failure(
 
 
 def _run(
-    args: argparse.Namespace, config: Config, protocol_fd: int | None, trace_file: IO[bytes] | None
+    args: argparse.Namespace,
+    config: Config,
+    protocol_fd: int | None,
+    trace_file: IO[bytes] | None,
+    redactor: Redactor,
 ) -> int:
     if args.command == "stdio":
         from acp_bridge._stdio import serve_stdio
 
         assert protocol_fd is not None
-        trio.run(functools.partial(serve_stdio, config, protocol_fd, trace_file=trace_file))
+        trio.run(
+            functools.partial(
+                serve_stdio, config, protocol_fd, trace_file=trace_file, redactor=redactor
+            )
+        )
         return 0
     if args.command == "serve":
         from acp_bridge._ws import run_serve
@@ -285,12 +300,20 @@ def _run(
             allow_remote=args.allow_remote,
             insecure=args.insecure,
             trace_file=trace_file,
+            redactor=redactor,
         )
     if args.command == "prompt":
         from acp_bridge._prompt import run_prompt
 
         stop = trio.run(
-            lambda: run_prompt(config, args.text, agent=args.to, cwd=args.cwd, approve=args.yes)
+            lambda: run_prompt(
+                config,
+                args.text,
+                agent=args.to,
+                cwd=args.cwd,
+                approve=args.yes,
+                redactor=redactor,
+            )
         )
         print(f"[stop reason: {stop}]", file=sys.stderr)
         return 0

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import structlog
 
-from acp_bridge._redact import REDACTOR
-
 if TYPE_CHECKING:
     from structlog.typing import EventDict, FilteringBoundLogger, Processor
+
+    from acp_bridge._redact import Redactor
 
 __all__ = ["LEVELS", "configure_logging", "get_logger", "reset_logging"]
 
@@ -80,15 +80,23 @@ def _add_logger_name(logger: Any, method_name: str, event_dict: EventDict) -> Ev
     return event_dict
 
 
-def _redact_secrets(_logger: object, _name: str, event: EventDict) -> EventDict:
+class _RedactSecrets:
     """No registered secret (agent env, MCP headers, the daemon's token) reaches a log line."""
-    if len(REDACTOR):
-        for key, value in event.items():
-            if isinstance(value, str):
-                event[key] = REDACTOR.redact(value)
-            elif isinstance(value, (list, dict)):
-                event[key] = REDACTOR.redact_json(value)
-    return event
+
+    __slots__ = ("_redactor",)
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._redactor = redactor
+
+    def __call__(self, _logger: object, _name: str, event: EventDict) -> EventDict:
+        redactor = self._redactor
+        if len(redactor):
+            for key, value in event.items():
+                if isinstance(value, str):
+                    event[key] = redactor.redact(value)
+                elif isinstance(value, (list, dict)):
+                    event[key] = redactor.redact_json(value)
+        return event
 
 
 def configure_logging(
@@ -97,6 +105,7 @@ def configure_logging(
     fmt: str = "auto",
     file: str | None = None,
     stream: TextIO | None = None,
+    redactor: Redactor | None = None,
 ) -> None:
     """
     Configure structlog for the whole process (again, if called again).
@@ -110,6 +119,8 @@ def configure_logging(
             ``auto``: ``console`` when the output is a terminal, else ``json``.
         file: append to this file (opened line-buffered, UTF-8) instead of ``stream``.
         stream: where to write when ``file`` is not given; default :data:`sys.stderr`.
+        redactor: the secrets to mask in every event (the bridge's, see ``_redact``); None
+            masks nothing.
 
     Raises:
         ValueError: an unknown level or format, or an output that is stdout.
@@ -141,8 +152,9 @@ def configure_logging(
         _add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
-        _redact_secrets,
     ]
+    if redactor is not None:
+        processors.append(_RedactSecrets(redactor))
     if console:
         processors.append(structlog.dev.ConsoleRenderer(colors=_is_tty(out)))
     else:

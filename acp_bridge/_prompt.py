@@ -23,6 +23,7 @@ from acp_bridge._stdio import with_bridge
 
 if TYPE_CHECKING:
     from acp_bridge._config import Config
+    from acp_bridge._redact import Redactor
 
 
 class _MiniClient:
@@ -128,8 +129,13 @@ async def run_prompt(
     approve: bool = False,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
+    redactor: Redactor | None = None,
 ) -> str:
-    """Run one prompt turn through a bridge; returns the stop reason."""
+    """
+    Run one prompt turn through a bridge; returns the stop reason.
+
+    ``redactor`` becomes the bridge's (pass the one logging was configured with).
+    """
     client_side, bridge_side = trio.testing.memory_stream_pair()
     session_cwd = os.path.abspath(cwd or os.getcwd())  # noqa: ASYNC240 (no I/O: string work)
     stop_reason = ""
@@ -161,5 +167,5 @@ async def run_prompt(
             out.flush()
             nursery.cancel_scope.cancel()
 
-    await with_bridge(config, body)
+    await with_bridge(config, body, redactor=redactor)
     return stop_reason

@@ -3,6 +3,9 @@ Redaction: secrets never appear in diagnostics (log notifications, logs, traces,
 
 Pure: no trio. The bridge registers what it knows to be secret: values of agents' ``env``
 entries and of ``mcpServers`` env/headers whose names look secret, and the daemon's token.
+Each bridge owns one :class:`Redactor` (``Bridge.redactor``); the command that runs it gives
+the same one to the log processor and to the wire trace, so a secret the bridge registers is
+hidden in all three. Nothing is shared between two bridges in one process.
 Protocol messages themselves are never altered: an agent must still receive its MCP headers.
 """
 
@@ -98,8 +101,3 @@ def _pairs(value: object) -> Iterable[tuple[str, str]]:
         for name, val in value.items():
             if isinstance(name, str) and isinstance(val, str):
                 yield name, val
-
-
-#: The process-wide redactor: the log processor (``_log.py``) and every bridge share it, so a
-#: secret registered anywhere is hidden everywhere in this process.
-REDACTOR: Final = Redactor()

@@ -313,26 +313,21 @@ def fetch_status(
 def _token_for(config: Config, token_file: str | None) -> str:
     """``--token-file``, else the config's token or token file, else the generated one."""
     from acp_bridge._config import ConfigError
-    from acp_bridge._ws import existing_token
+    from acp_bridge._token import TokenError, check_token, existing_token, read_named_token_file
 
-    if token_file is not None:
-        try:
-            with open(token_file, "rb") as f:
-                token = f.read(4096).decode("utf-8", "replace").strip()
-        except OSError as exc:
-            raise StatusError(f"token file {token_file}: {exc.strerror or exc}") from None
-        if not token:
-            raise StatusError(f"token file {token_file}: empty")
-        return token
     try:
+        if token_file is not None:
+            return read_named_token_file(token_file)
         found, path = existing_token(config)
-    except ConfigError as exc:
-        raise StatusError(str(exc)) from None
-    if found is None:
-        raise StatusError(
-            f"no token file at {path}: is `acp-bridge serve` running? (or give --token-file)"
+        if found is None:
+            raise StatusError(
+                f"no token file at {path}: is `acp-bridge serve` running? (or give --token-file)"
+            )
+        return check_token(
+            found.decode("utf-8", "replace"), path or f"{config.source}: websocket.token"
         )
-    return found.decode("utf-8", "replace")
+    except (ConfigError, TokenError) as exc:
+        raise StatusError(str(exc)) from None
 
 
 def _ssl_context(config: Config) -> ssl.SSLContext:

@@ -9,7 +9,6 @@ writing to stdout lands in the diagnostics, never in the protocol stream.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -21,6 +20,8 @@ from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._heap import fix_mmap_threshold, trim_heap_forever
 from acp_bridge._journal import Journal
+from acp_bridge._nursery import cancel_on_signals
+from acp_bridge._redact import Redactor
 from acp_bridge._store import Store, open_store
 from acp_bridge._trace import open_wire_trace
 
@@ -51,6 +52,7 @@ async def with_bridge(
     launcher: Launcher | None = None,
     agent_client_capabilities: JsonObject | None = None,
     tracer: Tracer | None = None,
+    redactor: Redactor | None = None,
 ) -> None:
     """
     Run a bridge with real agent processes around ``body(bridge)``; stop everything after it.
@@ -58,7 +60,8 @@ async def with_bridge(
     Agents are stopped first (gracefully: stdin EOF → SIGTERM → SIGKILL), then the reaper
     watchdog is let go. SIGTERM and SIGINT end ``body`` early, the same way. The store
     (``[store] path``) holds the audit trail; it is opened first and closed last. ``tracer``
-    sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`). With
+    sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`), and
+    ``redactor`` becomes the bridge's (give the trace and the logs the same one). With
     glibc, large buffers get their own mappings and freed heap memory is given back to the
     system after each burst of traffic (see ``_heap``).
 
@@ -76,7 +79,7 @@ async def with_bridge(
                 launcher = make_subprocess_launcher(
                     reaper=reaper, stop_grace=config.bridge.stop_grace
                 )
-            outer.start_soon(_cancel_on_signals, outer.cancel_scope)
+            outer.start_soon(cancel_on_signals, outer.cancel_scope, logger)
             async with trio.open_nursery() as inner:
                 bridge = Bridge(
                     config,
@@ -85,6 +88,7 @@ async def with_bridge(
                     audit=AuditLog(store),
                     tracer=tracer,
                     journal=_journal_of(config, store),
+                    redactor=redactor,
                 )
                 await inner.start(bridge.run)
                 counters = bridge.counters
@@ -100,18 +104,20 @@ async def with_bridge(
         store.close()
 
 
-async def _cancel_on_signals(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            logger.info("signal_received", signal=signal.Signals(signum).name)
-            scope.cancel()
-            return
-
-
 async def serve_stdio(
-    config: Config, protocol_fd: int, *, trace_file: IO[bytes] | None = None
+    config: Config,
+    protocol_fd: int,
+    *,
+    trace_file: IO[bytes] | None = None,
+    redactor: Redactor | None = None,
 ) -> None:
-    """Serve the client on stdin and ``protocol_fd`` until stdin ends (traced to ``trace_file``)."""
+    """
+    Serve the client on stdin and ``protocol_fd`` until stdin ends (traced to ``trace_file``).
+
+    ``redactor``: the secrets hidden in the trace, the bridge's and the logs' (pass the one
+    logging was configured with).
+    """
+    redactor = redactor if redactor is not None else Redactor()
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(protocol_fd)
 
@@ -119,8 +125,8 @@ async def serve_stdio(
         await serve_client_stream(bridge, stdin, stdout)
 
     try:
-        async with open_wire_trace(trace_file) as tracer:
-            await with_bridge(config, body, tracer=tracer)
+        async with open_wire_trace(trace_file, redactor=redactor) as tracer:
+            await with_bridge(config, body, tracer=tracer, redactor=redactor)
     finally:
         with trio.CancelScope(shield=True):
             await stdin.aclose()

@@ -39,12 +39,11 @@ import attrs
 import structlog
 import trio
 
-from acp_bridge._redact import REDACTOR, Redactor
-
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
     from acp_bridge._jsonrpc import JsonObject
+    from acp_bridge._redact import Redactor
 
 __all__ = [
     "MAX_QUEUED_BYTES",
@@ -156,7 +155,7 @@ class WireTrace:
 
     Args:
         file: where the JSON lines go (binary, opened for writing); closed by :meth:`run`.
-        redactor: hides known secrets; None records messages as they are.
+        redactor: hides known secrets (the bridge's); None records messages as they are.
         max_records: the queue's bound in records.
         max_bytes: the queue's bound in message bytes.
         clock: the time of each record (Unix time).
@@ -166,7 +165,7 @@ class WireTrace:
         self,
         file: IO[bytes],
         *,
-        redactor: Redactor | None = REDACTOR,
+        redactor: Redactor | None,
         max_records: int = MAX_RECORDS,
         max_bytes: int = MAX_QUEUED_BYTES,
         clock: Callable[[], float] = time.time,

@@ -47,18 +47,13 @@ Resource handling:
 from __future__ import annotations
 
 import contextlib
-import errno
 import hmac
 import http
 import ipaddress
 import json
 import math
-import os
-import pathlib
-import secrets
 import shutil
 import ssl
-import stat
 import struct
 import sys
 import urllib.parse
@@ -73,15 +68,17 @@ import trio
 import trio_websocket
 
 from acp_bridge import _pipes as pipes
-from acp_bridge._config import ConfigError, default_state_dir
+from acp_bridge._config import ConfigError
 from acp_bridge._jsonrpc import JsonRpcError, loads
-from acp_bridge._redact import REDACTOR
+from acp_bridge._nursery import leaves
+from acp_bridge._redact import Redactor
 from acp_bridge._status import METRICS_CONTENT_TYPE, render_metrics
 from acp_bridge._stdio import with_bridge
+from acp_bridge._token import is_loopback, load_or_create_token
 from acp_bridge._trace import open_wire_trace
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable
     from typing import IO
 
     from structlog.typing import FilteringBoundLogger as Log
@@ -101,9 +98,7 @@ __all__ = [
     "WebSocketFace",
     "WebSocketStatistics",
     "check_bind",
-    "existing_token",
     "judge",
-    "load_or_create_token",
     "run_serve",
     "serve_websocket",
     "startup_summary",
@@ -454,16 +449,6 @@ class _Prepared:
     remote: bool
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an address literal) is loopback only. Pure."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(config: Config, *, allow_remote: bool, insecure: bool) -> None:
     """
     Refuse a non-loopback listener without ``--allow-remote``, and without TLS or ``--insecure``.
@@ -505,119 +490,6 @@ def make_ssl_context(config: Config) -> ssl.SSLContext | None:
             [f"websocket.tls_cert/tls_key: cannot load {ws.tls_cert!r} and {ws.tls_key!r}: {exc}"],
         ) from None
     return context
-
-
-def load_or_create_token(config: Config) -> tuple[bytes, str | None]:
-    """
-    The bearer token and the file it lives in (None for an inline ``token``).
-
-    With neither ``token`` nor ``token_file``, the file is ``token`` under
-    :func:`default_state_dir`. A missing file is generated: 256 random bits, URL-safe, in a
-    new file of mode 0600 (its directory created 0700) that appears complete or not at all,
-    so two daemons starting at once agree on one token. An existing file is reused.
-
-    Raises:
-        ConfigError: the file is readable by group or others, not a regular file, not ours,
-            empty, or cannot be read or written.
-    """
-    ws = config.websocket
-    if ws.token is not None:
-        return ws.token.encode(), None
-    path, source = _token_path(config)
-    try:
-        token = _read_token(path)
-        if token is None:
-            _create_token(path)
-            token = _read_token(path)
-    except OSError as exc:
-        raise ConfigError(source, [f"{path}: {exc.strerror or exc}"]) from None
-    except _TokenFileError as exc:
-        raise ConfigError(source, [str(exc)]) from None
-    if token is None:  # removed again between creating and reading: not worth a retry loop
-        raise ConfigError(source, [f"{path}: vanished while being created"])
-    if len(token) < 16:
-        logger.warning("ws_token_short", path=str(path), length=len(token))
-    return token, str(path)
-
-
-def existing_token(config: Config) -> tuple[bytes | None, str | None]:
-    """
-    The token a daemon of ``config`` uses, as :func:`load_or_create_token` finds it, and its
-    file; without generating one (the token is None when the file does not exist).
-
-    Raises:
-        ConfigError: as :func:`load_or_create_token`.
-    """
-    ws = config.websocket
-    if ws.token is not None:
-        return ws.token.encode(), None
-    path, source = _token_path(config)
-    try:
-        return _read_token(path), str(path)
-    except OSError as exc:
-        raise ConfigError(source, [f"{path}: {exc.strerror or exc}"]) from None
-    except _TokenFileError as exc:
-        raise ConfigError(source, [str(exc)]) from None
-
-
-def _token_path(config: Config) -> tuple[pathlib.Path, str]:
-    """The token file of ``config``, and how errors about it name it."""
-    ws = config.websocket
-    path = (
-        pathlib.Path(ws.token_file) if ws.token_file is not None else default_state_dir() / "token"
-    )
-    return path, f"{config.source}: websocket.token_file" if ws.token_file else str(path)
-
-
-class _TokenFileError(Exception):
-    pass
-
-
-def _read_token(path: pathlib.Path) -> bytes | None:
-    """The token in ``path``; None if there is no such file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _TokenFileError(f"{path}: is a symbolic link; give the real file") from None
-        raise
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise _TokenFileError(f"{path}: not a regular file")
-        if info.st_mode & 0o077:
-            raise _TokenFileError(
-                f"{path}: readable by group or others (mode {stat.S_IMODE(info.st_mode):04o}); "
-                f"run: chmod 600 {path}"
-            )
-        if hasattr(os, "getuid") and info.st_uid != os.getuid():
-            raise _TokenFileError(f"{path}: owned by another user")
-        token = bytes(f.read(4096)).strip()
-    if not token:
-        raise _TokenFileError(f"{path}: empty; delete it to have a token generated")
-    return token
-
-
-def _create_token(path: pathlib.Path) -> None:
-    """Write a new token file atomically: a private temporary file, linked into place."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(token + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(temporary, path)  # fails if a token appeared meanwhile: that one wins
-        except FileExistsError:
-            return
-        logger.info("ws_token_generated", path=str(path))
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def prepare_listener(config: Config, *, allow_remote: bool, insecure: bool) -> _Prepared:
@@ -1294,6 +1166,7 @@ def run_serve(
     allow_remote: bool = False,
     insecure: bool = False,
     trace_file: IO[bytes] | None = None,
+    redactor: Redactor | None = None,
 ) -> int:
     """
     ``acp-bridge serve``: the bridge with real agents, and the WebSocket face, until a signal.
@@ -1311,7 +1184,9 @@ def run_serve(
     except ConfigError as exc:
         print(f"acp-bridge serve: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    REDACTOR.add(prepared.token.decode("utf-8", "replace"))  # never in logs or traces
+    # The bridge's secrets, in its logs and trace too: give the one logging was configured with.
+    redactor = redactor if redactor is not None else Redactor()
+    redactor.add(prepared.token.decode("utf-8", "replace"))  # never in logs or traces
 
     async def body(bridge: Bridge) -> None:
         async with trio.open_nursery() as nursery:
@@ -1328,9 +1203,13 @@ def run_serve(
             print(startup_summary(info, agent=name, agent_state=state), file=sys.stderr, flush=True)
 
     async def main() -> None:
-        async with open_wire_trace(trace_file) as tracer:
+        async with open_wire_trace(trace_file, redactor=redactor) as tracer:
             await with_bridge(
-                config, body, agent_client_capabilities=DAEMON_AGENT_CAPABILITIES, tracer=tracer
+                config,
+                body,
+                agent_client_capabilities=DAEMON_AGENT_CAPABILITIES,
+                tracer=tracer,
+                redactor=redactor,
             )
 
     problems: list[str] = []
@@ -1338,21 +1217,11 @@ def run_serve(
     try:
         trio.run(main)
     except* ListenError as group:
-        problems = [str(exc) for exc in _leaves(group)]
+        problems = [str(exc) for exc in leaves(group)]
         status = EXIT_LISTEN
     except* ConfigError as group:
-        problems = [str(exc) for exc in _leaves(group)]
+        problems = [str(exc) for exc in leaves(group)]
         status = EXIT_CONFIG
     for problem in problems:
         print(f"acp-bridge serve: {problem}", file=sys.stderr)
     return status
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Sequence[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            out.extend(_leaves(exc))
-        else:
-            out.append(exc)
-    return out

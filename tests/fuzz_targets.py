@@ -49,6 +49,7 @@ from acp_bridge._framing import LineDecoder
 from acp_bridge._journal import Journal
 from acp_bridge._jsonrpc import MAX_DEPTH
 from acp_bridge._log import configure_logging
+from acp_bridge._redact import Redactor
 from acp_bridge._routing import SessionState
 from acp_bridge._store import open_store
 from acp_bridge._trace import open_wire_trace
@@ -746,10 +747,11 @@ CAPABILITIES: Final = {
 async def keep_stage(key: StageKey, *, task_status: trio.TaskStatus[Stage]) -> None:
     """Run a stage until it is closed; what its tasks raise becomes its failure."""
     db = open_store(":memory:") if key.store else None
+    redactor = Redactor()
     stage: Stage | None = None
     try:
         async with (
-            open_wire_trace(io.BytesIO() if key.traced else None) as tracer,
+            open_wire_trace(io.BytesIO() if key.traced else None, redactor=redactor) as tracer,
             trio.open_nursery() as nursery,
         ):
             agents = {n: FuzzAgent(n, capabilities=CAPABILITIES.get(n)) for n in key.names}
@@ -760,6 +762,7 @@ async def keep_stage(key: StageKey, *, task_status: trio.TaskStatus[Stage]) -> N
                     audit=AuditLog(db) if db is not None else None,
                     journal=Journal(db) if db is not None else None,
                     tracer=tracer,
+                    redactor=redactor,
                 ).run
             )
             face = None

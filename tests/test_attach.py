@@ -28,18 +28,15 @@ import trio_websocket
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._attach import (
     CLOSE_TIMEOUT,
-    AttachCore,
-    Backoff,
-    Phase,
-    TokenError,
     attach,
     check_url,
-    resolve_token,
     websocket_connector,
 )
+from acp_bridge._attach_core import AttachCore, Backoff, Phase
 from acp_bridge._bridge import Bridge
 from acp_bridge._config import WebSocketConfig
 from acp_bridge._jsonrpc import dumps, loads
+from acp_bridge._token import TokenError
 from acp_bridge._ws import serve_websocket
 
 from .fakes import FakeAgent, TestClient, make_config
@@ -883,43 +880,6 @@ def test_backoff_doubles_to_its_cap_with_jitter_between_half_and_all():
 
 
 # -- the command line ----------------------------------------------------------------------------
-
-
-def test_token_comes_from_the_file_stripped(tmp_path):
-    path = tmp_path / "token"
-    path.write_text("  secret-token\n")
-    assert resolve_token(str(path), None, "ws://127.0.0.1:1/acp") == "secret-token"
-
-
-@pytest.mark.parametrize(
-    ("file_text", "env", "message"),
-    [
-        (None, {}, "No such file"),
-        ("\n", {}, "empty"),
-        ("two words", {}, "not a token"),
-    ],
-)
-def test_token_file_problems_are_reported(tmp_path, file_text, env, message):
-    path = tmp_path / "token"
-    if file_text is not None:
-        path.write_text(file_text)
-    with pytest.raises(TokenError, match=message):
-        resolve_token(str(path), None, "ws://127.0.0.1:1/acp", environ=env)
-
-
-def test_token_from_an_environment_variable_or_the_local_daemons_file(tmp_path, monkeypatch):
-    url = "ws://127.0.0.1:1/acp"
-    assert resolve_token(None, "MY_TOKEN", url, environ={"MY_TOKEN": "abc"}) == "abc"
-    with pytest.raises(TokenError, match="MY_TOKEN: empty"):
-        resolve_token(None, "MY_TOKEN", url, environ={})
-    assert resolve_token(None, None, url, environ={"ACP_BRIDGE_TOKEN": "xyz"}) == "xyz"
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    (tmp_path / "acp-bridge").mkdir()
-    (tmp_path / "acp-bridge" / "token").write_text("local\n")
-    assert resolve_token(None, None, url, environ={}) == "local"
-    # Never the local daemon's token for another machine.
-    with pytest.raises(TokenError, match="no token"):
-        resolve_token(None, None, "wss://example.org/acp", environ={})
 
 
 def test_only_websocket_urls_are_accepted():

@@ -7,7 +7,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_bridge._bridge import LANE_MAX, ClientLink
+from acp_bridge._agent import make_in_process_launcher
+from acp_bridge._bridge import LANE_MAX, Bridge, ClientLink
+
+from .fakes import FakeAgent, make_config
 
 
 def link(queue_size: int = 64) -> ClientLink:
@@ -138,3 +141,23 @@ def test_property_the_lane_keeps_each_sessions_order(ops):
                 assert all(position[n] > position[note] for n in later)
 
     trio.run(main)
+
+
+async def test_two_bridges_in_one_process_count_their_own_ids():
+    """Link numbers and ids of requests to clients belong to a bridge, not to the process:
+    a second bridge counts from 1 again, while one bridge never reuses an id across links."""
+
+    def bridge():
+        agent = FakeAgent("a")
+        return Bridge(make_config({"a": agent}), make_in_process_launcher({"a": agent}))
+
+    first, second = bridge(), bridge()
+    a1, a2 = first.open_client("a1", blocking=True), first.open_client("a2", blocking=True)
+    b1 = second.open_client("b1", blocking=True)
+    assert (a1.id, a2.id, b1.id) == (1, 2, 1)
+    assert [a1.pending.add(object()), a2.pending.add(object()), a1.pending.add(object())] == [
+        1,
+        2,
+        3,
+    ]
+    assert b1.pending.add(object()) == 1

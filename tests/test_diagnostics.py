@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import attrs
 import pytest
@@ -14,11 +15,12 @@ from hypothesis import strategies as st
 
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._bridge import Bridge, guess_level, serve_client_stream
-from acp_bridge._config import AgentConfig
+from acp_bridge._config import AgentConfig, Config, StoreConfig
 from acp_bridge._framing import LineDecoder
 from acp_bridge._jsonrpc import Kind, classify, loads
 from acp_bridge._log import configure_logging
-from acp_bridge._redact import REDACTOR, Redactor
+from acp_bridge._prompt import run_prompt
+from acp_bridge._redact import Redactor
 
 from .fakes import FakeAgent, make_config, open_bridge
 
@@ -101,14 +103,17 @@ async def test_secrets_never_reach_notifications_errors_or_logs():
     agent = FakeAgent("a", capabilities={"mcpCapabilities": {"http": True}})
     agent.stderr = None
     out = io.StringIO()
-    configure_logging(level="debug", fmt="json", stream=out)
+    redactor = Redactor()  # the bridge's, given to logging as the commands do
+    configure_logging(level="debug", fmt="json", stream=out, redactor=redactor)
     config = make_config({"a": agent})
     config = attrs.evolve(
         config,
         agents={"a": AgentConfig(name="a", command="x", env={"OPENAI_API_KEY": env_secret})},
     )
     async with trio.open_nursery() as nursery:
-        bridge = await nursery.start(Bridge(config, make_in_process_launcher({"a": agent})).run)
+        bridge = await nursery.start(
+            Bridge(config, make_in_process_launcher({"a": agent}), redactor=redactor).run
+        )
         client_side, bridge_side = trio.testing.memory_stream_pair()
         nursery.start_soon(serve_client_stream, bridge, bridge_side, bridge_side)
         from .fakes import TestClient
@@ -145,7 +150,23 @@ def test_redactor_masks_longest_first_and_ignores_short_values():
     r.add("secret-value-longer")
     assert r.redact("x secret-value-longer y secret-value abc") == "x *** y *** abc"
     assert r.redact_json({"a": ["secret-value", 1]}) == {"a": ["***", 1]}
-    assert len(REDACTOR) >= 0
+
+
+def test_each_bridge_has_its_own_secrets():
+    """Two bridges in one process: one's agent env secret is not masked by (nor known to)
+    the other; a redactor given to a bridge is the one it fills."""
+    secret = "sk-only-in-the-first-bridge"
+    first = attrs.evolve(
+        make_config({"a": FakeAgent("a")}),
+        agents={"a": AgentConfig(name="a", command="x", env={"API_KEY": secret})},
+    )
+    given = Redactor()
+    one = Bridge(first, make_in_process_launcher({}), redactor=given)
+    other = Bridge(make_config({"a": FakeAgent("a")}), make_in_process_launcher({}))
+    assert one.redactor is given
+    assert given.redact(f"x {secret} y") == "x *** y"
+    assert other.redactor.redact(f"x {secret} y") == f"x {secret} y"
+    assert len(other.redactor) == 0
 
 
 CLIENT_INPUT = st.lists(
@@ -202,3 +223,31 @@ async def test_property_every_line_to_the_client_is_json_rpc(inputs, crash_at_st
         assert isinstance(line, bytes)
         assert classify(loads(line)) is not Kind.INVALID
     assert decoder.feed_eof() is None
+
+
+@pytest.mark.e2e
+async def test_the_prompt_command_gives_its_redactor_to_the_bridge(tmp_path):
+    """run_prompt (what `acp-bridge prompt` runs) hands the redactor it was given, the one its
+    logs use, to the bridge: the real agent's env secret is registered there."""
+    secret = "sk-prompt-secret-" + "x" * 12
+    demo = (sys.executable, "-m", "acp_bridge", "demo-agent", "--chunk-delay", "0")
+    config = Config(
+        agents={
+            "demo": AgentConfig(
+                name="demo", command=demo[0], args=demo[1:], env={"API_KEY": secret}
+            )
+        },
+        store=StoreConfig(path=":memory:"),
+    )
+    redactor = Redactor()
+    with trio.fail_after(30):
+        stop = await run_prompt(
+            config,
+            "hello",
+            cwd=str(tmp_path),
+            out=io.StringIO(),
+            err=io.StringIO(),
+            redactor=redactor,
+        )
+    assert stop == "end_turn"
+    assert redactor.redact(secret) == "***"

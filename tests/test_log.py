@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from acp_bridge._log import configure_logging, get_logger, reset_logging
+from acp_bridge._redact import Redactor
 
 
 @pytest.fixture(autouse=True)
@@ -159,3 +160,25 @@ def test_logger_created_before_configuration_follows_it():
     log.bind(session_id="s1").info("bound")
     event = json.loads(out.getvalue())
     assert (event["logger"], event["session_id"]) == ("early", "s1")
+
+
+def test_the_redactor_given_masks_its_secrets_in_every_event():
+    """Secrets the redactor learns (even after configuration) read *** in strings and JSON."""
+    redactor = Redactor()
+    out = io.StringIO()
+    configure_logging(fmt="json", stream=out, redactor=redactor)
+    redactor.add("sk-secret-value-42")
+    get_logger("x").warning(
+        "leak", text="a sk-secret-value-42 b", data={"k": ["sk-secret-value-42"]}
+    )
+    [line] = lines(out)
+    assert json.loads(line)["text"] == "a *** b"
+    assert json.loads(line)["data"] == {"k": ["***"]}
+
+
+def test_without_a_redactor_nothing_is_masked():
+    """Logging alone knows no secrets: the bridge's redactor is given by whoever runs it."""
+    out = io.StringIO()
+    configure_logging(fmt="json", stream=out)
+    get_logger("x").warning("plain", text="sk-secret-value-42")
+    assert json.loads(lines(out)[0])["text"] == "sk-secret-value-42"

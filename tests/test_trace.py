@@ -48,11 +48,14 @@ async def traced_bridge(path, agents, *, env=None, **trace_options):
         },
         bridge=BridgeConfig(),
     )
+    redactor = Redactor()  # the bridge's, given to its trace as the commands do
     async with (
-        open_wire_trace(open_trace_file(path), **trace_options) as trace,
+        open_wire_trace(open_trace_file(path), redactor=redactor, **trace_options) as trace,
         trio.open_nursery() as nursery,
     ):
-        bridge = Bridge(config, make_in_process_launcher(dict(agents)), tracer=trace)
+        bridge = Bridge(
+            config, make_in_process_launcher(dict(agents)), tracer=trace, redactor=redactor
+        )
         await nursery.start(bridge.run)
         client_side, bridge_side = trio.testing.memory_stream_pair()
         nursery.start_soon(

@@ -48,7 +48,6 @@ from acp_bridge._ws import (
     _ReplayStream,
     check_bind,
     judge,
-    load_or_create_token,
     serve_websocket,
     text_frames,
 )
@@ -928,53 +927,7 @@ async def test_cancelled_server_closes_connections_with_1001():
             assert await client.next_event() is None
 
 
-# -- start-up: token file, bind policy ----------------------------------------------------------
-
-
-def test_token_file_is_generated_0600_and_reused(tmp_path, monkeypatch):
-    """The default token is 256 random bits in a 0600 file, in a 0700 directory, reused."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    config = make_config({"a": FakeAgent("a")})
-    token, path = load_or_create_token(config)
-    assert path == str(tmp_path / "state" / "acp-bridge" / "token")
-    assert len(token) >= 43  # 32 random bytes, URL-safe base64
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(tmp_path / "state" / "acp-bridge").st_mode) == 0o700
-    assert load_or_create_token(config) == (token, path)
-    assert sorted(os.listdir(tmp_path / "state" / "acp-bridge")) == ["token"]
-
-
-def test_configured_token_file_is_generated_when_missing(tmp_path):
-    """A configured token_file that does not exist is generated the same way."""
-    target = tmp_path / "conf" / "tok"
-    config = attrs.evolve(
-        make_config({"a": FakeAgent("a")}), websocket=WebSocketConfig(token_file=str(target))
-    )
-    token, path = load_or_create_token(config)
-    assert path == str(target)
-    assert target.read_bytes().strip() == token
-    assert stat.S_IMODE(target.stat().st_mode) == 0o600
-
-
-@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644])
-def test_a_token_file_others_can_read_is_refused(tmp_path, mode):
-    """A token file readable by group or others stops start-up with a clear error."""
-    target = tmp_path / "tok"
-    target.write_text("a-token-that-is-long-enough\n")
-    target.chmod(mode)
-    config = attrs.evolve(
-        make_config({"a": FakeAgent("a")}), websocket=WebSocketConfig(token_file=str(target))
-    )
-    with pytest.raises(ConfigError, match="readable by group or others"):
-        load_or_create_token(config)
-
-
-def test_inline_token_has_no_file():
-    """An inline token is used as is, with no file."""
-    config = attrs.evolve(
-        make_config({"a": FakeAgent("a")}), websocket=WebSocketConfig(token="abc")
-    )
-    assert load_or_create_token(config) == (b"abc", None)
+# -- start-up: bind policy (the token file: test_token.py) ---------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -31,8 +31,9 @@ from acp_bridge._store import AuditRecord
 
 if TYPE_CHECKING:
     from acp_bridge._audit import AuditLog
-    from acp_bridge._bridge import AgentLink, Bridge, ClientLink
+    from acp_bridge._bridge import Bridge
     from acp_bridge._jsonrpc import JsonObject, JsonRpcId
+    from acp_bridge._links import AgentLink, ClientLink
     from acp_bridge._policy import Option, Policy
     from acp_bridge._routing import Session
 

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from typing import IO
 
     from acp_bridge._agent import Launcher
-    from acp_bridge._bridge import Tracer
     from acp_bridge._config import Config
     from acp_bridge._jsonrpc import JsonObject
+    from acp_bridge._links import Tracer
 
 logger = structlog.get_logger("acp_bridge.stdio")
 

@@ -83,8 +83,9 @@ if TYPE_CHECKING:
 
     from structlog.typing import FilteringBoundLogger as Log
 
-    from acp_bridge._bridge import Bridge, ClientLink
+    from acp_bridge._bridge import Bridge
     from acp_bridge._config import Config, WebSocketConfig
+    from acp_bridge._links import ClientLink
 
 __all__ = [
     "HandshakePolicy",

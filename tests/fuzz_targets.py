@@ -43,11 +43,12 @@ import wsproto.utilities
 
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
-from acp_bridge._bridge import AgentState, Bridge, serve_client_stream
+from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfig
 from acp_bridge._framing import LineDecoder
 from acp_bridge._journal import Journal
 from acp_bridge._jsonrpc import MAX_DEPTH
+from acp_bridge._links import AgentState
 from acp_bridge._log import configure_logging
 from acp_bridge._redact import Redactor
 from acp_bridge._routing import SessionState

@@ -36,6 +36,7 @@ PURE: tuple[str, ...] = (
     "_token",
     "_status",
     "_backoff",
+    "_diagnostics",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

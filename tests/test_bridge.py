@@ -10,7 +10,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_bridge._bridge import AgentState
+from acp_bridge._links import AgentState
 
 from .fakes import FakeAgent, connect, open_bridge
 

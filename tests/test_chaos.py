@@ -34,8 +34,9 @@ import trio
 import trio.testing
 
 from acp_bridge._agent import make_in_process_launcher, make_subprocess_launcher
-from acp_bridge._bridge import AgentState, Bridge, serve_client_stream
+from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._config import AgentConfig, BridgeConfig, Config
+from acp_bridge._links import AgentState
 from acp_bridge._routing import SessionState
 
 from .fakes import AgentCrash, FakeAgent, TestClient, connect, make_config, open_bridge

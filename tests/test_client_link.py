@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_bridge._agent import make_in_process_launcher
-from acp_bridge._bridge import LANE_MAX, Bridge, ClientLink
+from acp_bridge._bridge import Bridge
+from acp_bridge._links import LANE_MAX, ClientLink
 
 from .fakes import FakeAgent, make_config
 

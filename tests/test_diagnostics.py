@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_bridge._agent import make_in_process_launcher
-from acp_bridge._bridge import Bridge, guess_level, serve_client_stream
+from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._config import AgentConfig, Config, StoreConfig
+from acp_bridge._diagnostics import guess_level
 from acp_bridge._framing import LineDecoder
 from acp_bridge._jsonrpc import Kind, classify, loads
 from acp_bridge._log import configure_logging

@@ -59,7 +59,7 @@ from .test_ws import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from acp_bridge._bridge import ClientLink
+    from acp_bridge._links import ClientLink
     from acp_bridge._ws import ListenInfo
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,6 @@ import base64
 import binascii
 import collections
 import functools
-import itertools
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -49,6 +48,7 @@ from acp_bridge._diagnostics import LEVEL_RANK as _LEVEL_RANK
 from acp_bridge._diagnostics import LOG_BURST, LOG_LEVELS, LOG_RATE, guess_level
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._heap import memory_figures
+from acp_bridge._hub import Hub
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
     RESOURCE_NOT_FOUND,
@@ -80,10 +80,8 @@ from acp_bridge._routing import (
     History,
     Session,
     SessionState,
-    SessionTable,
 )
-from acp_bridge._store import AuditRecord, SessionRow
-from acp_bridge._timers import Deadlines
+from acp_bridge._store import AuditRecord
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -195,49 +193,52 @@ class Bridge:
         journal: Journal | None = None,
         redactor: Redactor | None = None,
     ) -> None:
-        self.config = config
-        self._launcher = launcher
-        self.tracer = tracer
-        #: the durable side (sessions, journal, pending approvals); None: memory only
-        self.journal = journal
-        #: restored sessions whose agent could not take them up again: why
-        self._unrestorable: dict[str, str] = {}
-        #: the secrets this bridge knows (shared with its logs and trace by whoever runs it)
-        self.redactor = redactor if redactor is not None else Redactor()
+        redactor = redactor if redactor is not None else Redactor()
         for agent_config in config.agents.values():
-            self.redactor.add_env(agent_config.env)
-        #: messages by direction (from_client, to_client, from_agent, to_agent), errors the
-        #: bridge answered by code (error:<code>): for status and metrics
-        self.counters: collections.Counter[str] = collections.Counter()
-        self._fixed_client_capabilities = agent_client_capabilities
+            redactor.add_env(agent_config.env)
+        counters: collections.Counter[str] = collections.Counter()
         limits = config.bridge
-        self.agents: dict[str, AgentLink] = {
+        agents = {
             name: AgentLink(
                 config=agent,
                 queue_size=limits.agent_queue,
                 tracer=tracer,
-                counters=self.counters,
+                counters=counters,
                 restarts=Restarts.from_config(limits),
-                redactor=self.redactor,
+                redactor=redactor,
             )
             for name, agent in config.agents.items()
         }
-        self.default_agent = config.default_agent.name
-        self.sessions = SessionTable()
-        self.clients: set[ClientLink] = set()
-        #: numbers of client links, and ids of requests to clients (see :class:`ClientLink`)
-        self._client_ids = itertools.count(1)
-        self._client_request_ids = itertools.count(1)
+        #: what the services share (see _hub); the attributes below are the same objects
+        self.hub = hub = Hub(
+            config=config,
+            audit=audit if audit is not None else AuditLog(),
+            redactor=redactor,
+            agents=agents,
+            default_agent=config.default_agent.name,
+            tracer=tracer,
+            journal=journal,
+            fixed_client_capabilities=agent_client_capabilities,
+            counters=counters,
+        )
+        self.config = config
+        self._launcher = launcher
+        self.tracer = tracer
+        self.journal = journal
+        self._unrestorable = hub.unrestorable
+        self.redactor = redactor
+        self.counters = counters
+        self._fixed_client_capabilities = agent_client_capabilities
+        self.agents = agents
+        self.default_agent = hub.default_agent
+        self.sessions = hub.sessions
+        self.clients = hub.clients
+        self._client_ids = hub.client_ids
+        self._client_request_ids = hub.client_request_ids
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
         self._busy_readers = 0
-        self._nursery: trio.Nursery | None = None
-        #: set once :meth:`run` is ending: no task is started any more
-        self.stopping = False
-        self._client_capabilities: JsonObject = {}
-        #: timers: detached sessions' grace periods (key ("detach", session)) and approval
-        #: deadlines (key ("ask", entry))
-        self.deadlines = Deadlines()
-        self.audit = audit if audit is not None else AuditLog()
+        self.deadlines = hub.deadlines
+        self.audit = hub.audit
         self.approvals = Approvals(self, config.policy, self.audit)
         self.log = logger
 
@@ -246,7 +247,7 @@ class Bridge:
     async def run(self, *, task_status: trio.TaskStatus[Bridge] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; agents are stopped when it ends."""
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.hub.nursery = nursery
             nursery.start_soon(self.deadlines.run)
             if self.audit.store is not None:
                 nursery.start_soon(self.audit.run)
@@ -257,7 +258,7 @@ class Bridge:
             try:
                 await trio.sleep_forever()
             finally:
-                self.stopping = True
+                self.hub.stopping = True
 
     async def _restore(self) -> None:
         """
@@ -299,32 +300,23 @@ class Bridge:
 
     def persist(self, session: Session, state: str = "active") -> None:
         """Record a session's row in the store (no-op without one)."""
-        if self.journal is not None:
-            self.journal.session(
-                SessionRow(
-                    bridge_id=session.bridge_id,
-                    agent=session.agent,
-                    agent_id=session.agent_id,
-                    roots=session.roots,
-                    setup=session.setup,
-                    unattended=session.unattended,
-                    state=state,
-                    created=session.created,
-                )
-            )
+        self.hub.persist(session, state)
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
-        """
-        Run ``fn(*args)`` in the bridge's nursery.
+        self.hub.spawn(fn, *args)
 
-        Raises:
-            JsonRpcError: the bridge is stopping (its nursery takes no new task; a connection
-                that ends during shutdown must not try).
-        """
-        assert self._nursery is not None, "Bridge.run() is not running"
-        if self.stopping:
-            raise JsonRpcError(INTERNAL_ERROR, "the bridge is shutting down")
-        self._nursery.start_soon(fn, *args)
+    @property
+    def stopping(self) -> bool:
+        """The bridge is ending: no task is started any more."""
+        return self.hub.stopping
+
+    @property
+    def _client_capabilities(self) -> JsonObject:
+        return self.hub.client_capabilities
+
+    @_client_capabilities.setter
+    def _client_capabilities(self, value: JsonObject) -> None:
+        self.hub.client_capabilities = value
 
     def open_client(self, name: str, *, blocking: bool) -> ClientLink:
         link = ClientLink(
@@ -1096,14 +1088,7 @@ class Bridge:
         return ids
 
     def _history(self, session: Session) -> History:
-        if session.history is None:
-            limits = self.config.bridge
-            session.history = History(
-                max_entries=limits.history_limit, max_bytes=limits.history_bytes
-            )
-            if self.journal is not None:
-                self.journal.follow(session.bridge_id, session.history)
-        return session.history
+        return self.hub.history(session)
 
     def _stamped(self, client: ClientLink, seq: int, data: bytes) -> bytes:
         """A history entry as this client gets it (with its seq number if it opted in)."""

@@ -70,14 +70,20 @@ def _selected(option: Option | None) -> JsonObject:
 
 
 def _verdict(outcome: JsonObject, request: PermissionRequest) -> tuple[str, str | None]:
-    """(decision, option id) of an outcome: allow, deny, cancelled, or other."""
+    """
+    (decision, option id) of an outcome: allow, deny, cancelled, or other.
+
+    An id that several options carry (only a client's answer can name one: the bridge never
+    does) reads as the agent may read it: allow if any of its kinds allows, so neither the
+    audit nor the stale-file check takes for a deny what the agent may take for an allow.
+    """
     if outcome.get("outcome") != "selected":
         return "cancelled", None
     option_id = outcome.get("optionId")
-    kind = next((o.kind for o in request.options if o.option_id == option_id), None)
-    if kind in _ALLOW_KINDS:
+    kinds = {o.kind for o in request.options if o.option_id == option_id}
+    if kinds & _ALLOW_KINDS:
         return "allow", option_id if isinstance(option_id, str) else None
-    if kind in _REJECT_KINDS:
+    if kinds & _REJECT_KINDS:
         return "deny", option_id if isinstance(option_id, str) else None
     return "other", option_id if isinstance(option_id, str) else None
 
@@ -136,7 +142,10 @@ class Approvals:
                     source=decision.rule or "default",
                 )
                 return
-            detail = f"the rule says {decision.action.value}, but no such option is offered"
+            detail = (
+                f"the rule says {decision.action.value}, but no such option is offered "
+                "under an id of its own"
+            )
             if client is None or session.unattended:
                 await self._answer(
                     agent,

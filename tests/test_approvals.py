@@ -390,3 +390,95 @@ async def test_a_permission_asked_as_the_client_drops_is_shown_to_the_next_one(
             await answered.wait()
             assert outcome_of(answers[0]) == {"outcome": "selected", "optionId": "yes"}
             nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------- ambiguous option lists (#17.7)
+
+#: One id offered as both allow and reject: an agent may read "x" either way.
+SAME_ID = [
+    {"optionId": "x", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "x", "name": "Reject", "kind": "reject_once"},
+]
+
+
+async def test_an_ambiguous_list_is_cancelled_when_nobody_is_attached(autojump_clock):
+    """Regression: an unattended deny answered "x", which the agent may read as its
+    allow_once, and the audit said decision=allow. Now: cancelled, and audited so."""
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session()
+        await client.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        answer = await agent.call("session/request_permission", permission(options=SAME_ID))
+        assert outcome_of(answer) == {"outcome": "cancelled"}
+        record = bridge.audit.recent[-1]
+        assert (record.decision, record.source, record.option_id) == (
+            "cancelled",
+            "unattended",
+            None,
+        )
+
+
+async def test_an_ambiguous_list_times_out_cancelled(autojump_clock):
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(ask_timeout=30)) as (client, bridge):
+        await client.new_session()
+        results = {}
+        await ask_many(agent, 1, results, options=SAME_ID)
+        assert trio.current_time() == 30
+        assert outcome_of(results[0]) == {"outcome": "cancelled"}
+        record = bridge.audit.recent[-1]
+        assert (record.decision, record.source) == ("cancelled", "timeout")
+        assert not [r for r in bridge.audit.recent if r.decision == "allow"]
+
+
+async def test_rules_never_answer_with_an_id_another_kind_shares(autojump_clock):
+    """A deny rule whose reject id is also an allow id, and an allow rule whose allow_once id
+    is also an allow_always id: neither is delivered; nobody attached, so cancelled."""
+    rules = [
+        {"id": "no-delete", "kind": "delete", "action": "deny"},
+        {"id": "reads", "kind": "read", "action": "allow"},
+    ]
+    reject_is_allow = [
+        {"optionId": "a", "name": "Allow", "kind": "allow_once"},
+        {"optionId": "r", "name": "Reject", "kind": "reject_once"},
+        {"optionId": "r", "name": "Always", "kind": "allow_always"},
+    ]
+    once_is_always = [
+        {"optionId": "x", "name": "Once", "kind": "allow_once"},
+        {"optionId": "x", "name": "Always", "kind": "allow_always"},
+        {"optionId": "n", "name": "No", "kind": "reject_once"},
+    ]
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(rules=rules)) as (client, bridge):
+        await client.new_session(_meta={"acp_bridge": {"unattended": True}})
+        delete = await agent.call(
+            "session/request_permission", permission(kind="delete", options=reject_is_allow)
+        )
+        read = await agent.call(
+            "session/request_permission", permission(kind="read", options=once_is_always)
+        )
+        assert outcome_of(delete) == {"outcome": "cancelled"}
+        assert outcome_of(read) == {"outcome": "cancelled"}
+        assert [(r.decision, r.source) for r in bridge.audit.recent] == [
+            ("cancelled", "no-delete"),
+            ("cancelled", "reads"),
+        ]
+
+
+async def test_a_clients_pick_of_a_shared_id_is_audited_as_the_agent_may_read_it():
+    """The client may name an id two kinds share; the agent may take it as the allow, so the
+    audit does not record a deny."""
+    shared = list(reversed(SAME_ID))  # reject first: the old reading said deny
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session()
+        results = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(ask_many, agent, 1, results, options=shared))
+            shown = await client.agent_requests.receive()
+            pick = {"outcome": {"outcome": "selected", "optionId": "x"}}
+            await client.send({"jsonrpc": "2.0", "id": shown["id"], "result": pick})
+        assert outcome_of(results[0]) == {"outcome": "selected", "optionId": "x"}
+        record = bridge.audit.recent[-1]
+        assert (record.decision, record.source, record.option_id) == ("allow", "client", "x")

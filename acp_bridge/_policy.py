@@ -53,7 +53,7 @@ __all__ = [
     "unknown_agents",
 ]
 
-#: Files inside the session roots that agents may not read or write unless configured.
+#: Files agents may not read or write, nor be granted permissions on, unless configured.
 DEFAULT_DENY_PATHS: Final = (".env*", "*.pem", "*.key", ".git/config")
 
 
@@ -124,8 +124,9 @@ class Policy:
     Attributes:
         default: the action when no rule matches.
         ask_timeout: seconds a human has to answer; then the request is denied.
-        deny_paths: globs of files inside the session roots that agents may not touch
-            (see :func:`acp_bridge._containment.contain`).
+        deny_paths: globs of files agents may not touch through the client, and that no
+            permission request naming them is granted for, whatever the rules say (see
+            :mod:`acp_bridge._containment`).
         rules: the global rules, in file order.
         agents: per-agent overrides, by agent name.
     """

@@ -482,3 +482,76 @@ async def test_a_clients_pick_of_a_shared_id_is_audited_as_the_agent_may_read_it
         assert outcome_of(results[0]) == {"outcome": "selected", "optionId": "x"}
         record = bridge.audit.recent[-1]
         assert (record.decision, record.source, record.option_id) == ("allow", "client", "x")
+
+
+# ---------------------------------------------------------------- deny_paths bind approvals (#17.6)
+
+
+async def test_deny_paths_bind_permission_requests_whatever_the_rules_say(tmp_path):
+    """Regression: an allow rule for ROOT/** granted an edit of ROOT/.env and of
+    ROOT/.git/config. A location that hits deny_paths (as written or resolved) is denied at
+    once, audited with source deny_paths; nothing is shown to the attached client."""
+    root = tmp_path / "ws"
+    (root / ".git").mkdir(parents=True)
+    os.symlink(root / ".env", root / "settings.txt")  # an innocent name for a denied file
+    rules = [{"id": "my-project", "kind": "edit", "path": f"{root}/**", "action": "allow"}]
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(rules=rules)) as (client, bridge):
+        await client.new_session(cwd=str(root))
+        for target in (root / ".env", root / ".git" / "config", root / "settings.txt"):
+            answer = await agent.call("session/request_permission", permission(paths=[str(target)]))
+            assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}, target
+            record = bridge.audit.recent[-1]
+            assert (record.decision, record.source) == ("deny", "deny_paths"), target
+            assert repr(str(target)) in record.detail
+        # The rule still grants what deny_paths leave alone.
+        fine = await agent.call(
+            "session/request_permission", permission(paths=[str(root / "main.py")])
+        )
+        assert outcome_of(fine) == {"outcome": "selected", "optionId": "yes"}
+        assert bridge.audit.recent[-1].source == "my-project"
+        # No reject option: cancelled at once, never put to the human.
+        answer = await agent.call(
+            "session/request_permission",
+            permission(paths=[str(root / ".env")], options=OPTIONS[:2]),
+        )
+        assert outcome_of(answer) == {"outcome": "cancelled"}
+        assert (bridge.audit.recent[-1].decision, bridge.audit.recent[-1].source) == (
+            "cancelled",
+            "deny_paths",
+        )
+        # A diff's path counts as a location.
+        diff = permission(kind="edit")
+        diff["toolCall"]["content"] = [
+            {"type": "diff", "path": str(root / "id.key"), "oldText": None, "newText": "k"}
+        ]
+        answer = await agent.call("session/request_permission", diff)
+        assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}
+        assert bridge.audit.recent[-1].source == "deny_paths"
+        assert not [m for m in client.received if m.get("method") == "session/request_permission"]
+
+
+async def test_a_session_in_a_denied_directory_cannot_read_what_it_denies(tmp_path):
+    """Regression: with cwd = ROOT/.git, fs/read_text_file of ROOT/.git/config was forwarded
+    (deny_paths were matched relative to the cwd: "config")."""
+    root = tmp_path / "ws"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "config").write_text("[remote] url = secret")
+    (root / ".git" / "HEAD").write_text("ref")
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session(cwd=str(root / ".git"))
+        path = str(root / ".git" / "config")
+        with trio.fail_after(5):  # (before the fix: forwarded, and nobody answers it)
+            answer = await agent.call("fs/read_text_file", {"sessionId": "s1", "path": path})
+        assert answer["error"]["code"] == -32602
+        assert "denied" in answer["error"]["message"]
+        assert bridge.audit.recent[-1].source == "containment"
+        assert not [m for m in client.received if m.get("method") == "fs/read_text_file"]
+        # Its other files are still readable.
+        async with trio.open_nursery() as nursery:
+            head = {"sessionId": "s1", "path": str(root / ".git" / "HEAD")}
+            nursery.start_soon(agent.call, "fs/read_text_file", head)
+            shown = await client.agent_requests.receive()
+            assert shown["params"]["path"] == str((root / ".git" / "HEAD").resolve())
+            await client.send({"jsonrpc": "2.0", "id": shown["id"], "result": {"content": "x"}})

@@ -218,6 +218,26 @@ class Approvals:
             return
         await self.show(entry, owner)
 
+    async def over_limit(
+        self,
+        agent: AgentLink,
+        agent_id: JsonRpcId,
+        params: JsonObject,
+        session: Session,
+        detail: str,
+    ) -> None:
+        """Too many of the agent's requests wait already (``max_agent_requests``): cancelled."""
+        req = PermissionRequest.from_params(params)
+        await self._answer(
+            agent,
+            agent_id,
+            _selected(None),
+            req,
+            session,
+            source="max_agent_requests",
+            detail=detail,
+        )
+
     def _deny_paths_hit(self, req: PermissionRequest, session: Session) -> str | None:
         """What of ``req``'s locations hits ``[policy] deny_paths``, said for the audit."""
         cwd = session.roots[0] if session.roots else None

@@ -1,13 +1,14 @@
 """
 Approvals: every ``session/request_permission`` passes one policy, and ends exactly once.
 
-The rules decide first (``_policy.decide``, pure). What they leave to a human is shown to the
-client attached to the session, under a deadline; nobody attached (or a session declared
-unattended) means deny. Whatever settles a request (the client, a rule, ``session/cancel``, the
-deadline, the end of a detach grace period, the agent's exit), :meth:`Approvals.settle` is the
-only way out: it answers the agent once, tells a client that was shown the request and did not
-answer it (``_acp_bridge/permission_resolved``), and writes one audit record. A late or second
-answer is refused and audited. **A timeout never grants.**
+``[policy] deny_paths`` come first: a request naming a denied file is denied, whatever the
+rules say. Then the rules decide (``_policy.decide``, pure). What they leave to a human is
+shown to the client attached to the session, under a deadline; nobody attached (or a session
+declared unattended) means deny. Whatever settles a request (the client, a rule,
+``session/cancel``, the deadline, the end of a detach grace period, the agent's exit),
+:meth:`Approvals.settle` is the only way out: it answers the agent once, tells a client that
+was shown the request and did not answer it (``_acp_bridge/permission_resolved``), and writes
+one audit record. A late or second answer is refused and audited. **A timeout never grants.**
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import attrs
 import structlog
 import trio
 
-from acp_bridge._containment import PathRefused, contain
+from acp_bridge._containment import PathRefused, contain, denied
 from acp_bridge._jsonrpc import dumps, notification, request, result
 from acp_bridge._policy import Action, Decision, PermissionRequest, choose_option, decide
 from acp_bridge._policy import reject_option as _reject_option
@@ -71,14 +72,20 @@ def _selected(option: Option | None) -> JsonObject:
 
 
 def _verdict(outcome: JsonObject, request: PermissionRequest) -> tuple[str, str | None]:
-    """(decision, option id) of an outcome: allow, deny, cancelled, or other."""
+    """
+    (decision, option id) of an outcome: allow, deny, cancelled, or other.
+
+    An id that several options carry (only a client's answer can name one: the bridge never
+    does) reads as the agent may read it: allow if any of its kinds allows, so neither the
+    audit nor the stale-file check takes for a deny what the agent may take for an allow.
+    """
     if outcome.get("outcome") != "selected":
         return "cancelled", None
     option_id = outcome.get("optionId")
-    kind = next((o.kind for o in request.options if o.option_id == option_id), None)
-    if kind in _ALLOW_KINDS:
+    kinds = {o.kind for o in request.options if o.option_id == option_id}
+    if kinds & _ALLOW_KINDS:
         return "allow", option_id if isinstance(option_id, str) else None
-    if kind in _REJECT_KINDS:
+    if kinds & _REJECT_KINDS:
         return "deny", option_id if isinstance(option_id, str) else None
     return "other", option_id if isinstance(option_id, str) else None
 
@@ -121,6 +128,20 @@ class Approvals:
         """An agent asks: decide by rule, deny when unattended, or ask the attached human."""
         agent_id = msg["id"]
         req = PermissionRequest.from_params(params)
+        hit = self._deny_paths_hit(req, session)
+        if hit is not None:
+            # Before the rules: no rule, and no human, grants a tool call on a denied file
+            # (the agent may open it itself, past the bridge's file containment).
+            await self._answer(
+                agent,
+                agent_id,
+                _selected(_reject_option(req.options)),
+                req,
+                session,
+                source="deny_paths",
+                detail=hit,
+            )
+            return
         decision = decide(req, self.policy, agent.name)
         client = session.client if session.client is not None else None
         if client is not None and client.closed:
@@ -137,7 +158,10 @@ class Approvals:
                     source=decision.rule or "default",
                 )
                 return
-            detail = f"the rule says {decision.action.value}, but no such option is offered"
+            detail = (
+                f"the rule says {decision.action.value}, but no such option is offered "
+                "under an id of its own"
+            )
             if client is None or session.unattended:
                 await self._answer(
                     agent,
@@ -194,6 +218,35 @@ class Approvals:
             session.parked.append(entry)  # shown to whoever takes the session back
             return
         await self.show(entry, owner)
+
+    async def over_limit(
+        self,
+        agent: AgentLink,
+        agent_id: JsonRpcId,
+        params: JsonObject,
+        session: Session,
+        detail: str,
+    ) -> None:
+        """Too many of the agent's requests wait already (``max_agent_requests``): cancelled."""
+        req = PermissionRequest.from_params(params)
+        await self._answer(
+            agent,
+            agent_id,
+            _selected(None),
+            req,
+            session,
+            source="max_agent_requests",
+            detail=detail,
+        )
+
+    def _deny_paths_hit(self, req: PermissionRequest, session: Session) -> str | None:
+        """What of ``req``'s locations hits ``[policy] deny_paths``, said for the audit."""
+        cwd = session.roots[0] if session.roots else None
+        for path in req.paths:
+            pattern = denied(path, self.policy.deny_paths, cwd)
+            if pattern is not None:
+                return f"{path!r} matches the deny_paths pattern {pattern!r}"
+        return None
 
     async def show(self, entry: Forwarded, client: ClientLink, *, note: str | None = None) -> None:
         """Put a request to a client (first time, after a reattach, or asked again)."""

@@ -530,6 +530,9 @@ class Bridge:
                 "sessions": len(self.sessions.of_agent(a.name)),
                 "queueDepth": a.queue_depth(),
                 "pendingRequests": len(a.pending),
+                # its own requests waiting on clients, and those refused past the limit
+                "requestsInFlight": self._requests_waiting(a),
+                "requestsRefused": a.requests_refused,
             }
             for a in self.agents.values()
         ]
@@ -2003,6 +2006,9 @@ class Bridge:
             )
             agent.answer(dumps(error_msg(agent_id, err)))
             return
+        if self._requests_waiting(agent) >= self.config.bridge.max_agent_requests:
+            await self._refuse_over_limit(agent, msg, params, session)
+            return
         if method == "session/request_permission":
             await self.approvals.permission_request(agent, msg, params, session)
             return
@@ -2041,6 +2047,52 @@ class Bridge:
         if session.rewrite:
             params["sessionId"] = session.bridge_id
         await client.send(dumps(msg))
+
+    def _requests_waiting(self, agent: AgentLink) -> int:
+        """
+        The requests of ``agent`` that wait on a client: shown (``inflight``) or parked for
+        the session's next owner. Counted from the tables themselves, so whatever ends a
+        request (an answer, a cancel, the deadline, the agent's exit, the client's) frees
+        its place; a parked one is counted once even while still listed as shown.
+        """
+        inflight = agent.inflight
+        parked = sum(
+            1
+            for session in self.sessions.of_agent(agent.name)
+            for entry in session.parked
+            if entry.origin is agent and entry.origin_id not in inflight
+        )
+        return len(inflight) + parked
+
+    async def _refuse_over_limit(
+        self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        """
+        ``max_agent_requests`` of the agent's requests wait on clients already: this one is
+        answered at once (a permission ``cancelled``, audited; anything else an error), so an
+        agent that asks without end of a client that never answers holds bounded memory.
+        """
+        limit = self.config.bridge.max_agent_requests
+        agent.requests_refused += 1
+        method = msg["method"]
+        self.log.warning(
+            "agent_requests_over_limit",
+            agent=agent.name,
+            session=session.bridge_id,
+            method=method,
+            limit=limit,
+            refused=agent.requests_refused,
+        )
+        detail = f"{limit} requests of agent {agent.name!r} already wait on a client"
+        if method == "session/request_permission":
+            await self.approvals.over_limit(agent, msg["id"], params, session, detail)
+            return
+        err = JsonRpcError(
+            INTERNAL_ERROR,
+            f"too many requests in flight: {detail} (max_agent_requests)",
+            {"maxAgentRequests": limit},
+        )
+        agent.answer(dumps(error_msg(msg["id"], err)))
 
     def _find_parked(
         self, agent: AgentLink, agent_id: JsonRpcId

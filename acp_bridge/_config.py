@@ -122,6 +122,11 @@ class BridgeConfig:
         client_queue: bounded outbound queue to a client, in messages.
         agent_queue: bounded outbound queue to an agent, in messages (requests and
             notifications; answers to the agent's own requests have as much again).
+        max_agent_requests: requests one agent may have waiting on clients at once (shown,
+            or kept for a reattach); past it a request is answered at once (a permission
+            ``cancelled``, anything else an error). A few KiB each: 1024 bounds an agent that
+            never stops asking at a client that never answers to a few MiB, far above what a
+            real agent keeps open (one per tool call in flight).
         restart_backoff_initial: first delay before restarting a dead agent.
         restart_backoff_max: cap on that delay as it doubles.
         crash_loop_limit: restarts within ``crash_loop_window`` before giving up.
@@ -141,6 +146,7 @@ class BridgeConfig:
     max_line_bytes: int = 16 * 1024 * 1024
     client_queue: int = 1024
     agent_queue: int = 256
+    max_agent_requests: int = 1024
     restart_backoff_initial: float = 0.5
     restart_backoff_max: float = 30.0
     crash_loop_limit: int = 5
@@ -510,6 +516,7 @@ def _check(config: Config) -> list[str]:
     need(bridge.max_line_bytes >= 1024, "bridge.max_line_bytes", "must be at least 1024")
     need(bridge.client_queue >= 1, "bridge.client_queue", "must be at least 1")
     need(bridge.agent_queue >= 1, "bridge.agent_queue", "must be at least 1")
+    need(bridge.max_agent_requests >= 1, "bridge.max_agent_requests", "must be at least 1")
     need(bridge.detach_grace >= 0, "bridge.detach_grace", "must not be negative")
     need(bridge.cancel_grace >= 0, "bridge.cancel_grace", "must not be negative")
     need(bridge.history_limit >= 0, "bridge.history_limit", "must not be negative")

@@ -8,17 +8,20 @@ exactly the file that was checked (short of a symlink swapped in between, which 
 something already able to write inside the roots can do).
 
 The deny-list is made of globs (:func:`acp_bridge._policy.compile_glob`) matched against the
-path relative to the root it is in, ignoring case (a case-insensitive file system opens
-``.ENV`` for ``.env``). A pattern without ``/`` matches any one component, so ``.env*``
-denies ``a/.env.local`` and a directory pattern such as ``secrets`` denies everything below
-it; a pattern with ``/`` matches the whole relative path or any run of its trailing
-components, so ``.git/config`` denies ``sub/.git/config`` too. Both the path as the agent
-wrote it (with ``..`` folded away) and the resolved one are checked, so neither a symlink to a
-denied file nor a denied name that is a symlink gets through.
+components of the absolute path, anywhere (not only below a root: a session whose cwd is
+``ROOT/.git`` must not read ``ROOT/.git/config``), ignoring case (a case-insensitive file
+system opens ``.ENV`` for ``.env``). A pattern without ``/`` matches any one component, so
+``.env*`` denies ``a/.env.local`` and a directory pattern such as ``secrets`` denies
+everything below it; a pattern with ``/`` matches any run of the path's trailing components,
+so ``.git/config`` denies ``sub/.git/config`` too. Both the path as the agent wrote it (with
+``..`` folded away) and the resolved one are checked, so neither a symlink to a denied file
+nor a denied name that is a symlink gets through. :func:`denied` applies the same list to
+paths the bridge does not open itself (a permission request's locations).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
@@ -30,7 +33,7 @@ from acp_bridge._policy import compile_glob
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-__all__ = ["PathRefused", "contain", "resolve_roots"]
+__all__ = ["PathRefused", "contain", "denied", "resolve_roots"]
 
 
 class PathRefused(Exception):
@@ -79,21 +82,37 @@ def contain(path: object, roots: Sequence[str], deny: Sequence[str]) -> str:
     resolved = _resolve(path)
     if resolved is None:
         raise PathRefused(path, "unresolvable", "cannot be resolved (a symlink loop?)")
-    real_roots = resolve_roots(roots)
-    inside = [root for root in real_roots if _within(resolved, root)]
-    if not inside:
+    if not any(_within(resolved, root) for root in resolve_roots(roots)):
         raise PathRefused(path, "outside_roots", "outside the session roots")
     # What the agent wrote counts as much as where it leads: check both names.
-    written = posixpath.normpath(path)
-    lexical_roots = {posixpath.normpath(root) for root in _absolute(roots)} | set(inside)
-    for relative in (
-        *(_relative(resolved, root) for root in inside),
-        *(_relative(written, root) for root in lexical_roots if _within(written, root)),
-    ):
-        pattern = _denied(relative, deny)
+    for candidate in (resolved, posixpath.normpath(path)):
+        pattern = _denied(candidate, deny)
         if pattern is not None:
             raise PathRefused(path, "denied", f"matches the deny-list pattern {pattern!r}")
     return resolved
+
+
+def denied(path: str, deny: Sequence[str], cwd: str | None = None) -> str | None:
+    """
+    The deny-list pattern ``path`` hits as written, with ``..`` folded away, or resolved
+    (symlinks followed); ``None`` when it hits none.
+
+    For paths the bridge only passes judgement on (a permission request's locations, which
+    the agent may go on to open itself): nothing is refused here for lying outside the roots
+    or for not resolving, and a match on any of the three forms counts. A relative path is
+    resolved against ``cwd`` (when given).
+    """
+    candidates = [path, posixpath.normpath(path)]
+    absolute = path if path.startswith("/") or cwd is None else posixpath.join(cwd, path)
+    if absolute.startswith("/") and "\0" not in absolute:
+        # (3.11's realpath recurses per symlink; what was written is checked all the same)
+        with contextlib.suppress(OSError, ValueError, RecursionError):
+            candidates.append(os.path.realpath(absolute))
+    for candidate in candidates:
+        pattern = _denied(candidate, deny)
+        if pattern is not None:
+            return pattern
+    return None
 
 
 def resolve_roots(roots: Sequence[str]) -> list[str]:
@@ -153,13 +172,9 @@ def _within(path: str, root: str) -> bool:
         return False
 
 
-def _relative(path: str, root: str) -> str:
-    return posixpath.relpath(path, root)
-
-
-def _denied(relative: str, deny: Sequence[str]) -> str | None:
-    """The first deny-list pattern that ``relative`` (below a root) matches."""
-    parts = [part for part in relative.split("/") if part not in ("", ".")]
+def _denied(path: str, deny: Sequence[str]) -> str | None:
+    """The first deny-list pattern that ``path``'s components match (see the module docs)."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
     for raw in deny:
         pattern = raw.strip("/")
         if not pattern:

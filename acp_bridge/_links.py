@@ -421,6 +421,8 @@ class AgentLink:
     #: URL elicitations in progress: elicitationId → the client that was shown it
     elicitations: dict[str, ClientLink] = attrs.field(factory=dict)
     new_in_flight: int = 0
+    #: its requests answered at once for ``max_agent_requests`` (for status)
+    requests_refused: int = 0
     early_updates: list[tuple[str, bytes]] = attrs.field(factory=list)
     _send: trio.MemorySendChannel[bytes] | None = None
     #: the agent's stdin, when it is a pipe (see :meth:`send_nowait`)

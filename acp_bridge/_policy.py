@@ -53,7 +53,7 @@ __all__ = [
     "unknown_agents",
 ]
 
-#: Files inside the session roots that agents may not read or write unless configured.
+#: Files agents may not read or write, nor be granted permissions on, unless configured.
 DEFAULT_DENY_PATHS: Final = (".env*", "*.pem", "*.key", ".git/config")
 
 
@@ -124,8 +124,9 @@ class Policy:
     Attributes:
         default: the action when no rule matches.
         ask_timeout: seconds a human has to answer; then the request is denied.
-        deny_paths: globs of files inside the session roots that agents may not touch
-            (see :func:`acp_bridge._containment.contain`).
+        deny_paths: globs of files agents may not touch through the client, and that no
+            permission request naming them is granted for, whatever the rules say (see
+            :mod:`acp_bridge._containment`).
         rules: the global rules, in file order.
         agents: per-agent overrides, by agent name.
     """
@@ -314,9 +315,10 @@ def choose_option(decision: Decision, options: Sequence[Option]) -> Option | Non
 
     Allow picks an ``allow_once`` option, deny a ``reject_once`` one; with ``remember`` the
     ``*_always`` kind is preferred and the ``*_once`` kind is the fallback. Never an
-    ``*_always`` option without ``remember``, never an invented one. ``None`` for ask, and
-    when the needed kind is not offered: the caller then asks a client if one is attached,
-    and otherwise answers ``cancelled``.
+    ``*_always`` option without ``remember``, never an invented one, never an ambiguous one
+    (:func:`_unambiguous`). ``None`` for ask, and when the needed kind is not offered under an
+    id of its own: the caller then asks a client if one is attached, and otherwise answers
+    ``cancelled``.
     """
     match decision.action:
         case Action.ALLOW:
@@ -327,14 +329,28 @@ def choose_option(decision: Decision, options: Sequence[Option]) -> Option | Non
             return None
     for kind in kinds:
         for option in options:
-            if option.kind == kind:
+            if option.kind == kind and _unambiguous(option, options):
                 return option
     return None
 
 
 def reject_option(options: Sequence[Option]) -> Option | None:
-    """The first ``reject_once`` option, for denying an unattended request; else ``None``."""
-    return next((option for option in options if option.kind == "reject_once"), None)
+    """
+    The first unambiguous ``reject_once`` option, for denying an unattended request; else
+    ``None`` (the caller answers ``cancelled``).
+    """
+    return next((o for o in options if o.kind == "reject_once" and _unambiguous(o, options)), None)
+
+
+def _unambiguous(option: Option, options: Sequence[Option]) -> bool:
+    """
+    Whether ``option``'s id says one thing: every option that carries it has its kind.
+
+    The answer names only the id, and an agent that offered ``x`` as both ``allow_once`` and
+    ``reject_once`` may read ``x`` either way (the first match, most likely): a deny sent as
+    ``x`` could grant, an ``allow_once`` could be read as ``allow_always``.
+    """
+    return all(o.kind == option.kind for o in options if o.option_id == option.option_id)
 
 
 # --- globs ---------------------------------------------------------------------------------

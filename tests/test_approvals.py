@@ -6,6 +6,8 @@ import functools
 import json
 import os
 
+import pytest
+import structlog
 import trio
 import trio.testing
 
@@ -13,7 +15,7 @@ from acp_bridge._audit import AuditLog
 from acp_bridge._policy import parse_policy
 from acp_bridge._store import open_store
 
-from .fakes import FakeAgent, open_bridge
+from .fakes import FakeAgent, connect, open_bridge
 
 OPTIONS = [
     {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
@@ -390,3 +392,350 @@ async def test_a_permission_asked_as_the_client_drops_is_shown_to_the_next_one(
             await answered.wait()
             assert outcome_of(answers[0]) == {"outcome": "selected", "optionId": "yes"}
             nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------- ambiguous option lists (#17.7)
+
+#: One id offered as both allow and reject: an agent may read "x" either way.
+SAME_ID = [
+    {"optionId": "x", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "x", "name": "Reject", "kind": "reject_once"},
+]
+
+
+async def test_an_ambiguous_list_is_cancelled_when_nobody_is_attached(autojump_clock):
+    """Regression: an unattended deny answered "x", which the agent may read as its
+    allow_once, and the audit said decision=allow. Now: cancelled, and audited so."""
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session()
+        await client.disconnect()
+        await trio.testing.wait_all_tasks_blocked()
+        answer = await agent.call("session/request_permission", permission(options=SAME_ID))
+        assert outcome_of(answer) == {"outcome": "cancelled"}
+        record = bridge.audit.recent[-1]
+        assert (record.decision, record.source, record.option_id) == (
+            "cancelled",
+            "unattended",
+            None,
+        )
+
+
+async def test_an_ambiguous_list_times_out_cancelled(autojump_clock):
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(ask_timeout=30)) as (client, bridge):
+        await client.new_session()
+        results = {}
+        await ask_many(agent, 1, results, options=SAME_ID)
+        assert trio.current_time() == 30
+        assert outcome_of(results[0]) == {"outcome": "cancelled"}
+        record = bridge.audit.recent[-1]
+        assert (record.decision, record.source) == ("cancelled", "timeout")
+        assert not [r for r in bridge.audit.recent if r.decision == "allow"]
+
+
+async def test_rules_never_answer_with_an_id_another_kind_shares(autojump_clock):
+    """A deny rule whose reject id is also an allow id, and an allow rule whose allow_once id
+    is also an allow_always id: neither is delivered; nobody attached, so cancelled."""
+    rules = [
+        {"id": "no-delete", "kind": "delete", "action": "deny"},
+        {"id": "reads", "kind": "read", "action": "allow"},
+    ]
+    reject_is_allow = [
+        {"optionId": "a", "name": "Allow", "kind": "allow_once"},
+        {"optionId": "r", "name": "Reject", "kind": "reject_once"},
+        {"optionId": "r", "name": "Always", "kind": "allow_always"},
+    ]
+    once_is_always = [
+        {"optionId": "x", "name": "Once", "kind": "allow_once"},
+        {"optionId": "x", "name": "Always", "kind": "allow_always"},
+        {"optionId": "n", "name": "No", "kind": "reject_once"},
+    ]
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(rules=rules)) as (client, bridge):
+        await client.new_session(_meta={"acp_bridge": {"unattended": True}})
+        delete = await agent.call(
+            "session/request_permission", permission(kind="delete", options=reject_is_allow)
+        )
+        read = await agent.call(
+            "session/request_permission", permission(kind="read", options=once_is_always)
+        )
+        assert outcome_of(delete) == {"outcome": "cancelled"}
+        assert outcome_of(read) == {"outcome": "cancelled"}
+        assert [(r.decision, r.source) for r in bridge.audit.recent] == [
+            ("cancelled", "no-delete"),
+            ("cancelled", "reads"),
+        ]
+
+
+async def test_a_clients_pick_of_a_shared_id_is_audited_as_the_agent_may_read_it():
+    """The client may name an id two kinds share; the agent may take it as the allow, so the
+    audit does not record a deny."""
+    shared = list(reversed(SAME_ID))  # reject first: the old reading said deny
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session()
+        results = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(ask_many, agent, 1, results, options=shared))
+            shown = await client.agent_requests.receive()
+            pick = {"outcome": {"outcome": "selected", "optionId": "x"}}
+            await client.send({"jsonrpc": "2.0", "id": shown["id"], "result": pick})
+        assert outcome_of(results[0]) == {"outcome": "selected", "optionId": "x"}
+        record = bridge.audit.recent[-1]
+        assert (record.decision, record.source, record.option_id) == ("allow", "client", "x")
+
+
+# ---------------------------------------------------------------- deny_paths bind approvals (#17.6)
+
+
+async def test_deny_paths_bind_permission_requests_whatever_the_rules_say(tmp_path):
+    """Regression: an allow rule for ROOT/** granted an edit of ROOT/.env and of
+    ROOT/.git/config. A location that hits deny_paths (as written or resolved) is denied at
+    once, audited with source deny_paths; nothing is shown to the attached client."""
+    root = tmp_path / "ws"
+    (root / ".git").mkdir(parents=True)
+    os.symlink(root / ".env", root / "settings.txt")  # an innocent name for a denied file
+    rules = [{"id": "my-project", "kind": "edit", "path": f"{root}/**", "action": "allow"}]
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}, policy=policy(rules=rules)) as (client, bridge):
+        await client.new_session(cwd=str(root))
+        for target in (root / ".env", root / ".git" / "config", root / "settings.txt"):
+            answer = await agent.call("session/request_permission", permission(paths=[str(target)]))
+            assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}, target
+            record = bridge.audit.recent[-1]
+            assert (record.decision, record.source) == ("deny", "deny_paths"), target
+            assert repr(str(target)) in record.detail
+        # The rule still grants what deny_paths leave alone.
+        fine = await agent.call(
+            "session/request_permission", permission(paths=[str(root / "main.py")])
+        )
+        assert outcome_of(fine) == {"outcome": "selected", "optionId": "yes"}
+        assert bridge.audit.recent[-1].source == "my-project"
+        # No reject option: cancelled at once, never put to the human.
+        answer = await agent.call(
+            "session/request_permission",
+            permission(paths=[str(root / ".env")], options=OPTIONS[:2]),
+        )
+        assert outcome_of(answer) == {"outcome": "cancelled"}
+        assert (bridge.audit.recent[-1].decision, bridge.audit.recent[-1].source) == (
+            "cancelled",
+            "deny_paths",
+        )
+        # A diff's path counts as a location.
+        diff = permission(kind="edit")
+        diff["toolCall"]["content"] = [
+            {"type": "diff", "path": str(root / "id.key"), "oldText": None, "newText": "k"}
+        ]
+        answer = await agent.call("session/request_permission", diff)
+        assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}
+        assert bridge.audit.recent[-1].source == "deny_paths"
+        assert not [m for m in client.received if m.get("method") == "session/request_permission"]
+
+
+async def test_a_session_in_a_denied_directory_cannot_read_what_it_denies(tmp_path):
+    """Regression: with cwd = ROOT/.git, fs/read_text_file of ROOT/.git/config was forwarded
+    (deny_paths were matched relative to the cwd: "config")."""
+    root = tmp_path / "ws"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "config").write_text("[remote] url = secret")
+    (root / ".git" / "HEAD").write_text("ref")
+    agent = FakeAgent("a")
+    async with open_bridge({"a": agent}) as (client, bridge):
+        await client.new_session(cwd=str(root / ".git"))
+        path = str(root / ".git" / "config")
+        with trio.fail_after(5):  # (before the fix: forwarded, and nobody answers it)
+            answer = await agent.call("fs/read_text_file", {"sessionId": "s1", "path": path})
+        assert answer["error"]["code"] == -32602
+        assert "denied" in answer["error"]["message"]
+        assert bridge.audit.recent[-1].source == "containment"
+        assert not [m for m in client.received if m.get("method") == "fs/read_text_file"]
+        # Its other files are still readable.
+        async with trio.open_nursery() as nursery:
+            head = {"sessionId": "s1", "path": str(root / ".git" / "HEAD")}
+            nursery.start_soon(agent.call, "fs/read_text_file", head)
+            shown = await client.agent_requests.receive()
+            assert shown["params"]["path"] == str((root / ".git" / "HEAD").resolve())
+            await client.send({"jsonrpc": "2.0", "id": shown["id"], "result": {"content": "x"}})
+
+
+# ---------------------------------------------------------------- bounded agent requests (#17.9)
+
+
+async def raw_ask(agent, req_id, sid="s1", **kw):
+    """A permission request written as is (its answer is found in ``agent.received``)."""
+    params = permission(sid, call=f"t{req_id}", **kw)
+    await agent.write(
+        {"jsonrpc": "2.0", "id": req_id, "method": "session/request_permission", "params": params}
+    )
+
+
+def answer_of(agent, req_id):
+    return next((m for m in agent.received if m.get("id") == req_id and "method" not in m), None)
+
+
+def in_flight(bridge, name="a"):
+    (entry,) = [a for a in bridge.status()["agents"] if a["name"] == name]
+    return entry["requestsInFlight"], entry["requestsRefused"]
+
+
+async def test_an_agent_asking_without_end_of_a_silent_client_holds_a_bounded_table(
+    autojump_clock,
+):
+    """Regression: an agent could leave any number of requests waiting on a client that never
+    answers (20,000 permission requests: +110 MiB). Past max_agent_requests each is answered
+    at once: a permission cancelled (audited), anything else an error; counted and logged."""
+    cap, extra = 8, 300
+    agent = FakeAgent("a")
+    with structlog.testing.capture_logs() as logs:
+        async with open_bridge({"a": agent}, max_agent_requests=cap) as (client, bridge):
+            await client.new_session()
+            for i in range(cap + extra):
+                await raw_ask(agent, 1000 + i)
+            await agent.write(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 5000,
+                    "method": "fs/read_text_file",
+                    "params": {"sessionId": "s1", "path": "/w/a.txt"},
+                }
+            )
+            await trio.testing.wait_all_tasks_blocked()
+            assert trio.current_time() == 0  # at once, not at a deadline
+            answers = [answer_of(agent, 1000 + i) for i in range(cap + extra)]
+            assert answers[:cap] == [None] * cap  # shown to the client, waiting on it
+            assert [outcome_of(a) for a in answers[cap:]] == [{"outcome": "cancelled"}] * extra
+            error = answer_of(agent, 5000)["error"]
+            assert error["code"] == -32603
+            assert error["data"] == {"maxAgentRequests": cap}
+            # What the bridge holds stays at the cap.
+            (link,) = bridge.clients
+            assert len(link.pending) == cap
+            assert len(bridge.agents["a"].inflight) == cap
+            assert in_flight(bridge) == (cap, extra + 1)
+            shown = [m for m in client.received if m.get("method") == "session/request_permission"]
+            assert len(shown) == cap
+            refused = [r for r in bridge.audit.recent if r.source == "max_agent_requests"]
+            assert len(refused) == extra
+            assert {r.decision for r in refused} == {"cancelled"}
+            # One answer frees one place: the next request is shown, not refused.
+            allow = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+            await client.send({"jsonrpc": "2.0", "id": shown[0]["id"], "result": allow})
+            await trio.testing.wait_all_tasks_blocked()
+            assert outcome_of(answer_of(agent, 1000)) == allow["outcome"]
+            await raw_ask(agent, 6000)
+            await trio.testing.wait_all_tasks_blocked()
+            assert answer_of(agent, 6000) is None
+            assert in_flight(bridge) == (cap, extra + 1)
+    over = [e for e in logs if e["event"] == "agent_requests_over_limit"]
+    assert len(over) == extra + 1
+    assert over[-1]["limit"] == cap
+    assert over[-1]["method"] == "fs/read_text_file"
+
+
+async def raw_read(agent, req_id, sid="s1"):
+    params = {"sessionId": sid, "path": f"/w/{req_id}.txt"}
+    await agent.write(
+        {"jsonrpc": "2.0", "id": req_id, "method": "fs/read_text_file", "params": params}
+    )
+
+
+async def answer_shown(client, shown):
+    for request in shown:
+        if request["method"] == "session/request_permission":
+            answer = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+        else:
+            answer = {"content": "x"}
+        await client.send({"jsonrpc": "2.0", "id": request["id"], "result": answer})
+
+
+async def end_by_answer(agent, client, bridge, shown, nursery):
+    await answer_shown(client, shown)
+
+
+async def end_by_cancel(agent, client, bridge, shown, nursery):
+    await client.notify("session/cancel", {"sessionId": "s1"})
+
+
+async def end_by_deadline(agent, client, bridge, shown, nursery):
+    await trio.sleep(bridge.config.policy.ask_timeout + 1)
+
+
+async def end_by_withdrawal(agent, client, bridge, shown, nursery):
+    for req_id in (1, 2):
+        await agent.write(
+            {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": req_id}}
+        )
+
+
+async def end_by_agent_exit(agent, client, bridge, shown, nursery):
+    await client.prompt("s1", "crash")
+
+
+async def end_by_grace(agent, client, bridge, shown, nursery):
+    await client.disconnect()
+    await trio.testing.wait_all_tasks_blocked()
+    assert in_flight(bridge)[0] == 2  # parked for a reattach: still waiting
+    await trio.sleep(bridge.config.bridge.detach_grace + 1)
+
+
+async def end_by_reattach(agent, client, bridge, shown, nursery):
+    await client.disconnect()
+    await trio.testing.wait_all_tasks_blocked()
+    back = await connect(bridge, nursery, name="back")
+    await back.call("session/resume", {"sessionId": "s1", "cwd": "/w", "mcpServers": []})
+    again = [await back.agent_requests.receive() for _ in shown]
+    await trio.testing.wait_all_tasks_blocked()
+    assert in_flight(bridge)[0] == 2  # shown again: counted once
+    await answer_shown(back, again)
+
+
+ENDINGS = {
+    "answer": end_by_answer,
+    "cancel": end_by_cancel,
+    "deadline": end_by_deadline,
+    "withdrawal": end_by_withdrawal,
+    "agent_exit": end_by_agent_exit,
+    "grace": end_by_grace,
+    "reattach": end_by_reattach,
+}
+
+
+#: (session/cancel and the deadline settle permission requests only)
+ENDS = [
+    pytest.param(ask, ending, id=f"{name}-{ending}")
+    for name, ask in (("permission", raw_ask), ("fs_read", raw_read))
+    for ending in ENDINGS
+    if ask is raw_ask or ending not in ("cancel", "deadline")
+]
+
+
+@pytest.mark.parametrize(("ask", "ending"), ENDS)
+async def test_every_way_a_request_ends_frees_its_place(autojump_clock, ask, ending):
+    """The in-flight count is released however a request ends: the client's answer,
+    session/cancel, the deadline, the agent's $/cancel_request, the agent's exit, the end of
+    the detach grace period, and a reattach (where a request is shown again, counted once)."""
+    agent = FakeAgent("a")
+    async with (
+        open_bridge({"a": agent}, max_agent_requests=2, detach_grace=30) as (client, bridge),
+        trio.open_nursery() as nursery,
+    ):
+        await client.new_session()
+        await ask(agent, 1)
+        await ask(agent, 2)
+        shown = [await client.agent_requests.receive() for _ in range(2)]
+        await ask(agent, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert answer_of(agent, 3) is not None  # refused at once
+        assert in_flight(bridge) == (2, 1)
+        await ENDINGS[ending](agent, client, bridge, shown, nursery)
+        await trio.testing.wait_all_tasks_blocked()
+        assert in_flight(bridge) == (0, 1)
+        if ending in ("answer", "cancel", "deadline", "withdrawal", "reattach"):
+            owner = bridge.sessions.get("s1").client
+            assert owner is not None
+            await ask(agent, 4)
+            await trio.testing.wait_all_tasks_blocked()
+            assert answer_of(agent, 4) is None  # shown, not refused
+            assert in_flight(bridge) == (1, 1)
+        nursery.cancel_scope.cancel()

@@ -213,6 +213,10 @@ def test_wrong_types_are_named_with_their_path(text, expected):
             "websocket.token: set token or token_file, not both",
         ),
         (MINIMAL + "[bridge]\nagent_queue = 0\n", "bridge.agent_queue: must be at least 1"),
+        (
+            MINIMAL + "[bridge]\nmax_agent_requests = 0\n",
+            "bridge.max_agent_requests: must be at least 1",
+        ),
         (MINIMAL + "[bridge]\ncancel_grace = -1\n", "bridge.cancel_grace: must not be negative"),
         (
             MINIMAL + "[bridge]\nrestart_backoff_max = 0.1\n",

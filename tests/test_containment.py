@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_bridge._containment import PathRefused, contain, resolve_roots
+from acp_bridge._containment import PathRefused, contain, denied, resolve_roots
 from acp_bridge._policy import DEFAULT_DENY_PATHS
 
 
@@ -450,6 +450,46 @@ def test_filesystem_root_as_root_still_applies_the_deny_list(tree):
 
 
 # ----------------------------------------------------------------------------- the deny-list
+
+
+@pytest.mark.parametrize("deny", [DEFAULT_DENY_PATHS, (".git/**",), (".git",)])
+def test_a_root_inside_a_denied_directory_still_denies_its_files(tree, deny):
+    """Regression: with cwd = ROOT/.git, ".git/config" relative to the root is "config", and
+    the read was allowed. The deny-list matches the absolute path's components anywhere."""
+    with pytest.raises(PathRefused) as info:
+        contain(f"{tree}/ws/.git/config", [f"{tree}/ws/.git"], deny)
+    assert info.value.reason == "denied"
+    with pytest.raises(PathRefused) as info:
+        contain(f"{tree}/ws/link_to_gitconfig", [f"{tree}/ws/.git", f"{tree}/ws"], deny)
+    assert info.value.reason == "denied"
+
+
+@pytest.mark.parametrize(
+    ("path", "cwd", "hit"),
+    [
+        ("{ws}/.env", None, ".env*"),
+        ("{ws}/.git/config", None, ".git/config"),
+        ("{ws}/sub/.git/config", None, ".git/config"),
+        ("{tmp}/outside/.ENV.prod", None, ".env*"),  # anywhere, not only in the roots
+        ("{ws}/link_to_env", None, ".env*"),  # resolved: a symlink to a denied file
+        ("{ws}/link_to_gitconfig", None, ".git/config"),
+        ("{ws}/.env.alias", None, ".env*"),  # as written: a denied name that is a symlink
+        ("{ws}/a/../.env", None, ".env*"),
+        ("{ws}/dir_up/ws/key.pem", None, "*.pem"),
+        (".git/config", None, ".git/config"),  # relative, no cwd: as written
+        ("link_to_env", "{ws}", ".env*"),  # relative: resolved against the cwd
+        ("{ws}/file.txt", None, None),
+        ("{ws}/config", None, None),
+        ("{ws}/.gitignore", None, None),
+        ("{ws}/nope/new.txt", None, None),  # need not exist
+        ("{ws}/loop_a", None, None),  # a loop is no hit (and no crash)
+        ("{ws}/.env\0", None, ".env*"),  # NUL: not resolvable, checked as written
+    ],
+)
+def test_denied_judges_paths_the_bridge_does_not_open(tree, path, cwd, hit):
+    """denied(): a permission request's locations against the deny-list, anywhere."""
+    filled = fill(path, tree)
+    assert denied(filled, DEFAULT_DENY_PATHS, fill(cwd, tree) if cwd else None) == hit
 
 
 @pytest.mark.parametrize(

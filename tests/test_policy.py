@@ -521,6 +521,48 @@ def test_reject_option(offer):
         assert chosen is None
 
 
+AMBIGUOUS = [
+    pytest.param(
+        [Option("x", "allow_once", "Allow"), Option("x", "reject_once", "Reject")],
+        [(DENY, False, None), (ALLOW, False, None)],
+        id="one-id-allow-and-reject",
+    ),
+    pytest.param(
+        [Option("x", "allow_once", "Once"), Option("x", "allow_always", "Always")],
+        [(ALLOW, False, None), (ALLOW, True, None)],
+        id="one-id-two-allow-kinds",
+    ),
+    pytest.param(
+        [
+            Option("a", "allow_once", "Allow"),
+            Option("r", "reject_once", "Reject"),
+            Option("r", "allow_always", "Always"),
+        ],
+        [(DENY, False, None), (ALLOW, False, "a"), (ALLOW, True, "a")],
+        id="the-reject-id-is-also-an-allow-id",
+    ),
+    pytest.param(
+        [
+            Option("x", "reject_once", "Reject"),
+            Option("x", "allow_once", "Allow"),
+            Option("no", "reject_once", "No"),
+        ],
+        [(DENY, False, "no"), (ALLOW, False, None)],
+        id="an-unambiguous-reject-further-on",
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "expected"), AMBIGUOUS)
+def test_an_id_that_several_kinds_share_is_never_the_answer(options, expected):
+    """The answer names only the id: one that means two things is never sent."""
+    for action, remember, option_id in expected:
+        chosen = choose_option(Decision(action, "r", remember), options)
+        assert (chosen.option_id if chosen else None) == option_id, (action, remember)
+    deny = choose_option(Decision(DENY, "r"), options)
+    assert (reject_option(options) or None) == deny
+
+
 # ----------------------------------------------------------------------------- from_params()
 
 
@@ -970,6 +1012,10 @@ def test_decisions_never_grant_what_they_should_not(request_, pol, agent):
     chosen = choose_option(decision, request_.options)
     if chosen is not None:
         assert chosen in request_.options
+        # Its id means only its kind: no other option carries it with another kind.
+        assert {o.kind for o in request_.options if o.option_id == chosen.option_id} == {
+            chosen.kind
+        }
         assert decision.action is not ASK
         if decision.action is DENY:
             assert not chosen.kind.startswith("allow")

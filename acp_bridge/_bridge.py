@@ -80,6 +80,7 @@ from acp_bridge._routing import (
     History,
     Session,
     SessionState,
+    SessionTable,
 )
 from acp_bridge._store import AuditRecord
 
@@ -220,6 +221,7 @@ class Bridge:
             journal=journal,
             fixed_client_capabilities=agent_client_capabilities,
             counters=counters,
+            sessions=SessionTable(on_move=self._kept_moved),
         )
         self.config = config
         self._launcher = launcher
@@ -271,6 +273,8 @@ class Bridge:
         rows = await trio.to_thread.run_sync(store.sessions)
         for row in rows:
             if row.state == "closed" or row.agent not in self.agents:
+                # Not loaded back, but its row and journal stay its own (sessions export).
+                self.sessions.keep(row.bridge_id, row.agent, row.agent_id)
                 continue
             try:
                 session = self.sessions.bind(row.agent, row.agent_id, row.bridge_id)
@@ -415,6 +419,8 @@ class Bridge:
                 self.journal.delete(session.bridge_id)
             else:
                 self.persist(session, "closed")
+                # Kept for sessions export: a new session given its id must not write over it.
+                self.sessions.keep(session.bridge_id, session.agent, session.agent_id)
 
     def _take_ownership(
         self, session: Session, client: ClientLink
@@ -2252,6 +2258,17 @@ class Bridge:
             if session.history is not None:
                 self.journal.follow(new, session.history)
         self.log.info("stored_session_moved", session=old, to=new, agent=session.agent)
+
+    def _kept_moved(self, old: str, new: str) -> None:
+        """
+        A session only the store has (closed, or not loaded back) gave its id to a new one:
+        its row and journal move to ``new`` (written before anything else of the commit, and
+        taking along what was still waiting for it: nothing of the new session mixes in).
+        """
+        # (A closed session's history gets nothing more: nothing would spill under ``old``.)
+        if self.journal is not None:
+            self.journal.rename(old, new)
+        self.log.info("kept_session_moved", session=old, to=new)
 
     def _undo_forward(
         self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None

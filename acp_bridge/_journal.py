@@ -134,8 +134,8 @@ class Journal:
         """
         Session ``old`` is called ``new`` from now on: its row and journal move with it (in
         the next commit, before anything else it writes, so ``old`` is free for a new session
-        in that same commit). Whatever was at ``new`` in the store goes (a closed session's
-        leftovers: the bridge would write over them anyway).
+        in that same commit). ``new`` is an id the store does not hold (the session table
+        keeps closed sessions' ids taken); were anything there, it would go.
         """
         row = self._sessions.pop(old, None)
         if row is not None:

@@ -174,13 +174,22 @@ class SessionTable:
     Bridge session id ↔ (agent, agent session id), unique across all agents.
 
     Lookups are O(1) both ways.
+
+    Sessions only the store has (closed ones, kept for ``sessions export``; those of an agent
+    no longer configured) are not in the table but keep their bridge ids from new sessions:
+    a new session that gets such an id (an agent counting from 1 again) takes it, and the
+    kept session moves to an id of its own (``on_move(old, new)``: its store row and journal
+    move with it). One small entry each, as many as the store has rows: the store's bound.
     """
 
-    __slots__ = ("_by_agent", "_by_bridge")
+    __slots__ = ("_by_agent", "_by_bridge", "_kept", "on_move")
 
-    def __init__(self) -> None:
+    def __init__(self, on_move: Callable[[str, str], None] | None = None) -> None:
         self._by_bridge: dict[str, Session] = {}
         self._by_agent: dict[str, dict[str, Session]] = {}
+        #: bridge id → (agent, agent session id) of the sessions only the store has
+        self._kept: dict[str, tuple[str, str]] = {}
+        self.on_move = on_move
 
     def __len__(self) -> int:
         return len(self._by_bridge)
@@ -217,6 +226,7 @@ class SessionTable:
         bridge_id = agent_id
         if bridge_id in self._by_bridge:
             bridge_id = self._second_id(agent, agent_id)
+        self._move_kept(bridge_id)
         session = Session(
             bridge_id=bridge_id,
             agent=agent,
@@ -233,7 +243,7 @@ class SessionTable:
         """A free bridge id for an agent id that is taken: ``"<id>~<agent>"``, then ``~2``..."""
         bridge_id = f"{agent_id}~{agent}"
         for n in itertools.count(2):
-            if bridge_id not in self._by_bridge:
+            if bridge_id not in self._by_bridge and bridge_id not in self._kept:
                 break
             bridge_id = f"{agent_id}~{agent}~{n}"
         return bridge_id
@@ -262,12 +272,28 @@ class SessionTable:
             if taken.agent == agent and taken.agent_id == agent_id:
                 return taken
             raise ValueError(f"bridge session id {bridge_id!r} is taken")
+        self._move_kept(bridge_id)
         session = Session(
             bridge_id=bridge_id, agent=agent, agent_id=agent_id, rewrite=bridge_id != agent_id
         )
         self._by_bridge[bridge_id] = session
         self._by_agent.setdefault(agent, {})[agent_id] = session
         return session
+
+    def keep(self, bridge_id: str, agent: str, agent_id: str) -> None:
+        """A session only the store has (closed, or not loaded back): its id is not free."""
+        if bridge_id not in self._by_bridge:
+            self._kept[bridge_id] = (agent, agent_id)
+
+    def _move_kept(self, bridge_id: str) -> None:
+        """A session takes ``bridge_id``: a kept session that has it moves aside first."""
+        kept = self._kept.pop(bridge_id, None)
+        if kept is None:
+            return
+        new = self._second_id(*kept)
+        self._kept[new] = kept
+        if self.on_move is not None:
+            self.on_move(bridge_id, new)
 
     def owns_agent_id(self, session: Session) -> bool:
         """Whether ``session`` is still the one its agent session id leads to."""

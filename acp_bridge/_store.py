@@ -261,7 +261,9 @@ class Store:
         ``journal_runs`` are runs of entries already in column order (session, first seq,
         last seq, live, time, the entries' lines joined): the writer's hot path, with no
         object per entry. ``journal`` entries are written one run each. ``renamed`` sessions
-        (old bridge id, new) move first, with their journal, over whatever was at the new id.
+        (old bridge id, new) move first, with their journal, over whatever was at the new id;
+        then the ``deleted`` ones go: the rows and entries of the batch, recorded after the
+        delete, are of a new session with that id (an agent counting from 1 again).
         """
         with self._conn as conn:
             for old, new in renamed:
@@ -269,6 +271,9 @@ class Store:
                 conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (new,))
                 conn.execute("UPDATE journal SET session = ? WHERE session = ?", (new, old))
                 conn.execute("UPDATE sessions SET bridge_id = ? WHERE bridge_id = ?", (new, old))
+            for bridge_id in deleted:
+                conn.execute("DELETE FROM journal WHERE session = ?", (bridge_id,))
+                conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (bridge_id,))
             conn.executemany(
                 "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(bridge_id) DO "
                 "UPDATE SET agent=excluded.agent, agent_id=excluded.agent_id, "
@@ -296,9 +301,6 @@ class Store:
             )
             if journal_runs:
                 conn.executemany(insert, journal_runs)
-            for bridge_id in deleted:
-                conn.execute("DELETE FROM journal WHERE session = ?", (bridge_id,))
-                conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (bridge_id,))
             conn.executemany(
                 "INSERT OR REPLACE INTO pending_approvals VALUES (?,?,?,?,?)",
                 [

@@ -312,6 +312,27 @@ def test_removed_sessions_free_their_ids():
     assert table.register("b", "s1").bridge_id == "s1"
 
 
+def test_a_kept_sessions_id_goes_to_a_new_session_and_the_kept_one_moves_aside():
+    """Kept (only the store has it): a new session or a bound one takes the id, the kept one
+    moves to a free ``~agent[~N]`` id (told through on_move); no id is ever handed out twice."""
+    moves: list[tuple[str, str]] = []
+    table = SessionTable(on_move=lambda old, new: moves.append((old, new)))
+    table.keep("s1", "a", "s1")
+    table.keep("s1~a", "a", "s1")
+    assert table.register("a", "s1").bridge_id == "s1"
+    assert moves == [("s1", "s1~a~2")]
+    assert table.register("b", "s1").bridge_id == "s1~b"  # (s1 is live: no move)
+    table.keep("x", "c", "x")
+    table.bind("a", "x", "x")
+    assert moves[1:] == [("x", "x~c")]
+    live = table.get("s1")
+    assert live is not None
+    table.keep("s1", "b", "s1")  # a live id is not kept: once free, it is free
+    table.remove(live)
+    assert table.register("c", "s1").bridge_id == "s1"
+    assert len(moves) == 2
+
+
 def test_bind_refuses_a_taken_id():
     table = SessionTable()
     table.register("a", "s1")

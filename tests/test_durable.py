@@ -513,6 +513,22 @@ async def test_a_replay_of_a_moved_session_waits_until_the_move_is_in_the_store(
     store.close()
 
 
+async def test_a_new_session_recorded_after_a_delete_of_its_id_in_one_commit_is_kept(tmp_path):
+    """s1 is deleted and a new s1 (a restarted agent's) is recorded before the next commit:
+    the delete is of the old one only (written first), the new one's row and entries stay."""
+    store = open_store(str(tmp_path / "b.db"))
+    store.write(sessions=[SessionRow("s1", "a", "s1")], journal=[JournalEntry("s1", 1, b"old\n")])
+    journal = Journal(store)
+    journal.delete("s1")
+    journal.session(SessionRow("s1", "a", "s1"))
+    record(journal, "s1", h := history(), b"new\n")
+    await journal._commit()
+    assert [r.bridge_id for r in store.sessions()] == ["s1"]
+    assert [e.data for e in store.journal("s1")] == [b"new\n"]
+    assert h.journaled == 1
+    store.close()
+
+
 async def test_close_frees_and_delete_removes_the_journal(tmp_path):
     db = tmp_path / "bridge.db"
     async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
@@ -526,6 +542,85 @@ async def test_close_frees_and_delete_removes_the_journal(tmp_path):
         rows = {r.bridge_id: r.state for r in store.sessions()}
         assert rows == {first: "closed"}
         assert store.journal_bounds(first) == (1, 3)
+
+
+def kept(store, sid):
+    """A session's journal as the texts of its updates and prompts (``sessions export``)."""
+    return [json.loads(e.data)["params"]["update"]["content"]["text"] for e in store.journal(sid)]
+
+
+async def test_a_closed_session_keeps_its_row_and_journal_when_a_new_run_reuses_its_id(tmp_path):
+    """The agent counts from s1 again in a new run; the earlier run's s1 was closed (the store
+    keeps it, for ``sessions export``). The new s1 keeps the agent's id; the closed one moves
+    aside with its row and journal: neither overwritten nor mixed with the new one's."""
+    db = tmp_path / "bridge.db"
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
+        assert await client.new_session() == "s1"
+        await client.prompt("s1", "count 2")
+        await client.call("session/close", {"sessionId": "s1"})
+    run1 = ["count 2", "a:s1:0", "a:s1:1"]
+    async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
+        assert await client.new_session() == "s1"
+        await client.prompt("s1", "count 3")
+        await bridge.journal.wait_committed()
+        store = bridge.journal.store
+        rows = {r.bridge_id: r for r in store.sessions()}
+        assert {i: (r.agent_id, r.state) for i, r in rows.items()} == {
+            "s1~a": ("s1", "closed"),
+            "s1": ("s1", "active"),
+        }
+        assert kept(store, "s1~a") == run1
+        assert kept(store, "s1") == ["count 3", "a:s1:0", "a:s1:1", "a:s1:2"]
+        assert [e.seq for e in store.journal("s1")] == [1, 2, 3, 4]
+
+
+async def test_a_session_closed_in_this_run_keeps_its_journal_when_a_restarted_agent_reuses_its_id(
+    tmp_path,
+):
+    """Within one run: s1 is closed (gone from the session table, kept in the store), the
+    agent crashes and, restarted, mints s1 again: the closed s1 moves aside, even when its
+    row and entries are still waiting for the journal's next commit."""
+    db = tmp_path / "bridge.db"
+    a = FakeAgent("a")
+    async with durable_bridge(db, {"a": a}) as (client, bridge, _n):
+        assert await client.new_session() == "s1"
+        await client.prompt("s1", "count 2")
+        await client.call("session/close", {"sessionId": "s1"})
+        assert await client.new_session() == "s2"
+        assert (await client.prompt("s2", "crash"))["error"]["code"] == -32603
+        assert await client.new_session() == "s1"
+        assert a.starts == 2
+        await client.prompt("s1", "count 3")
+        await bridge.journal.wait_committed()
+        store = bridge.journal.store
+        rows = {r.bridge_id: (r.agent_id, r.state) for r in store.sessions()}
+        assert rows["s1~a"] == ("s1", "closed")
+        assert rows["s1"] == ("s1", "active")
+        assert kept(store, "s1~a") == ["count 2", "a:s1:0", "a:s1:1"]
+        assert kept(store, "s1") == ["count 3", "a:s1:0", "a:s1:1", "a:s1:2"]
+
+
+async def test_a_closed_sessions_id_is_not_given_to_a_second_agent_either(tmp_path):
+    """Two agents both mint s1: the second gets ``s1~b``. Closed in one run, that id stays
+    its own in the next: b's new s1 gets another one."""
+    db = tmp_path / "bridge.db"
+    agents = {"a": FakeAgent("a"), "b": FakeAgent("b")}
+    async with durable_bridge(db, agents) as (client, bridge, _n):
+        assert [await client.new_session("a"), await client.new_session("b")] == ["s1", "s1~b"]
+        await client.prompt("s1~b", "count 2")
+        await client.call("session/close", {"sessionId": "s1~b"})
+    async with durable_bridge(db, agents) as (client, bridge, _n):
+        assert await client.new_session("a") == "s1"  # (a's stored s1 moved aside)
+        second = await client.new_session("b")
+        assert second not in ("s1", "s1~b")
+        await client.prompt(second, "count 1")
+        await bridge.journal.wait_committed()
+        store = bridge.journal.store
+        states = {r.bridge_id: (r.agent, r.state) for r in store.sessions()}
+        assert states["s1~b"] == ("b", "closed")
+        assert states[second] == ("b", "active")
+        assert kept(store, "s1~b") == ["count 2", "b:s1:0", "b:s1:1"]
+        assert kept(store, second) == ["count 1", "b:s1:0"]
 
 
 async def reconnect_storm(*, reconnects, total, history_limit, seed):

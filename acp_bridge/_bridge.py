@@ -791,6 +791,12 @@ class Bridge:
                 await client.send(dumps(result_msg(msg["id"], {})))  # unknown: silently fine
                 return
             raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
+        owner = session.client
+        elsewhere = owner is not None and owner is not client and not owner.closed
+        if elsewhere and method not in ("session/load", "session/resume"):
+            # Only the owner acts on a session (close and delete above all: the bridge serves
+            # them itself for most agents); another connection must take it over first.
+            raise _attached_elsewhere(sid)
         agent = self.agents[session.agent]
         if session.state is SessionState.STORED:
             await self._stored_request(client, msg, params, session, agent)
@@ -809,12 +815,8 @@ class Bridge:
         ):
             await self._close_without_agent(client, msg, session, agent)
             return
-        owner = session.client
-        if owner is not None and owner is not client and not owner.closed:
-            raise JsonRpcError.invalid_request(
-                f"session {sid!r} is attached to another connection; "
-                "take it over with session/resume or session/load"
-            )
+        if elsewhere:  # a load or resume that the bridge cannot serve as a takeover
+            raise _attached_elsewhere(sid)
         if owner is None and live:
             await self._attach(session, client)
         if agent.state is not AgentState.READY:
@@ -1325,7 +1327,9 @@ class Bridge:
                     self._not_delivered(client, agent, method, None)
         elif method.startswith("_") and isinstance(params.get("sessionId"), str):
             session = self.sessions.get(params["sessionId"])
-            if session is not None:
+            # Another connection's session is not this one's to act on: dropped, as a
+            # notification cannot be refused (session/cancel does the same).
+            if session is not None and session.client in (client, None):
                 if session.rewrite:
                     params["sessionId"] = session.agent_id
                 agent = self.agents[session.agent]
@@ -2441,6 +2445,14 @@ def _set_seq(params: JsonObject, seq: int) -> None:
     ours = meta.get("acp_bridge")
     meta["acp_bridge"] = {**ours, "seq": seq} if isinstance(ours, dict) else {"seq": seq}
     params["_meta"] = meta
+
+
+def _attached_elsewhere(sid: str) -> JsonRpcError:
+    """The refusal of a request about a session another connection owns (-32002)."""
+    return JsonRpcError.resource_not_found(
+        f"session {sid!r} is attached elsewhere (another connection owns it); "
+        "take it over with session/resume or session/load"
+    )
 
 
 def _well_formed_error(msg: JsonObject) -> None:

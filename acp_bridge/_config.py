@@ -184,6 +184,10 @@ class WebSocketConfig:
             before the connection is dropped.
         idle_timeout: seconds without any message from a client before it is closed; 0: never.
         handshake_timeout: seconds allowed for TLS plus the HTTP upgrade request.
+        max_handshakes: connections in their TLS/HTTP handshake at once, apart from
+            ``max_connections``. Past it a new connection takes the place of the oldest
+            handshake if that one has been going for a second or more; else it is refused
+            with 503.
     """
 
     host: str = "127.0.0.1"
@@ -201,6 +205,7 @@ class WebSocketConfig:
     ping_timeout: float = 20.0
     idle_timeout: float = 3600.0
     handshake_timeout: float = 10.0
+    max_handshakes: int = 16
 
 
 @attrs.frozen
@@ -556,6 +561,7 @@ def _check(config: Config) -> list[str]:
     need(ws.ping_timeout > 0, "websocket.ping_timeout", "must be positive")
     need(ws.idle_timeout >= 0, "websocket.idle_timeout", "must not be negative")
     need(ws.handshake_timeout > 0, "websocket.handshake_timeout", "must be positive")
+    need(ws.max_handshakes >= 1, "websocket.max_handshakes", "must be at least 1")
     need(config.store.path != "", "store.path", "must not be empty")
     need(config.store.journal_keep >= 1, "store.journal_keep", "must be at least 1")
     need(config.store.journal_days >= 0, "store.journal_days", "must not be negative")

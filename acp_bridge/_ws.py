@@ -2,8 +2,8 @@
 The daemon's network face: ACP over WebSocket (``GET /acp``) and ``GET /healthz``, one port.
 
 Every TCP connection is read up to the end of its HTTP request head (h11; at most
-:data:`MAX_HEAD_BYTES`, within ``handshake_timeout``, TLS included) and judged by the pure
-:func:`judge` before anything else happens, in this order:
+:data:`MAX_HEAD_BYTES`, 16 KiB, else **431**; within ``handshake_timeout``, TLS included) and
+judged by the pure :func:`judge` before anything else happens, in this order:
 
 1. ``Host`` must name this daemon: a loopback name, the configured host or an
    ``allowed_hosts`` entry, with the right port. Anything else is a DNS-rebinding attempt or
@@ -25,7 +25,9 @@ session data exists. An accepted request is handed to trio-websocket, replaying 
 already read, and answered with **101** and an ``Acp-Connection-Id`` header. Each WebSocket
 connection is then one ACP client of the bridge (:meth:`Bridge.open_client`, non-blocking):
 the first message must be ``initialize`` (else close 1002), each text frame is one JSON-RPC
-message, binary frames are ignored.
+message, binary frames are ignored. A frame wsproto refuses (invalid UTF-8, unmasked, an
+unknown opcode) ends the connection with a close frame, 1007 or 1002: trio-websocket would
+only drop the TCP connection, so :meth:`_ReplayStream.send_close` sends the frame.
 
 Backpressure:
     Inbound, trio-websocket holds at most one whole message beyond the one being handled; a
@@ -40,8 +42,13 @@ Backpressure:
     trio-websocket's own frames; nothing follows the close frame.
 
 Resource handling:
-    At most ``max_connections`` WebSocket connections and as many handshakes in progress; a
-    connection beyond the handshake limit is closed unanswered.
+    At most ``max_connections`` WebSocket connections (then 503) and, apart from them,
+    ``max_handshakes`` handshakes under way, each closed at ``handshake_timeout``. A
+    connection that finds the handshakes all taken takes the place of the oldest if that one
+    is :data:`HANDSHAKE_EVICT_AGE` old (a client trickling in its request head, slowloris,
+    holds a place for a second, not for the deadline), else it is answered 503; at most
+    ``max_handshakes`` such answers at once (and under TLS, none): past that it is closed
+    unanswered.
 """
 
 from __future__ import annotations
@@ -109,6 +116,9 @@ logger = structlog.get_logger("acp_bridge.ws")
 
 #: The largest HTTP request head accepted (request line plus headers).
 MAX_HEAD_BYTES: Final = 16 * 1024
+#: A handshake this old (seconds) gives its place to a new connection when ``max_handshakes``
+#: are under way: a client that has not sent its request head by then trickles it in.
+HANDSHAKE_EVICT_AGE: Final = 1.0
 #: Seconds a closing handshake may take before the TCP connection is simply closed.
 CLOSE_TIMEOUT: Final = 2.0
 #: After an HTTP error response: how long, and how much, of the rest of the request is read.
@@ -268,6 +278,7 @@ Verdict = Refuse | Health | Report | Upgrade
 _REPORTS: Final = {"/status": "status", "/metrics": "metrics"}
 
 _BEARER: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
+_RETRY: Final = (("Retry-After", "5"),)
 _BAD_TOKEN: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),)
 
 
@@ -311,7 +322,7 @@ def judge(head: RequestHead, policy: HandshakePolicy, *, connections: int) -> Ve
     if refusal is not None:
         return refusal
     if connections >= policy.max_connections:
-        return Refuse(503, "too many connections", (("Retry-After", "5"),))
+        return Refuse(503, "too many connections", _RETRY)
     return Upgrade()
 
 
@@ -553,6 +564,8 @@ class _ReplayStream(trio.abc.Stream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         async with self._write_lock:
             if data[:1] == b"\x88":  # (trio-websocket writes each frame by itself)
+                if self.close_sent:
+                    return  # one close frame only (send_close may have sent it)
                 self.close_sent = True
             await self._write(data)
 
@@ -609,6 +622,22 @@ class _ReplayStream(trio.abc.Stream):
         await self._stream.wait_send_all_might_not_block()
 
     async def aclose(self) -> None:
+        if not self.close_sent and not self.broken:
+            # trio-websocket closes the connection without a close frame when wsproto finds
+            # a protocol error (invalid UTF-8, an unmasked frame, an unknown opcode): it is
+            # left open for the handler to send one (:meth:`send_close`); the handler
+            # closes the transport in any case.
+            return
+        await self._stream.aclose()
+
+    async def send_close(self, code: int, reason: str) -> None:
+        """Send the close frame trio-websocket did not send (if none went out), then close."""
+        payload = struct.pack("!H", code) + reason.encode()[:123]
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with self._write_lock:
+                if not self.close_sent:
+                    self.close_sent = True
+                    await self._write(bytes((0x88, len(payload))) + payload)
         await self._stream.aclose()
 
 
@@ -649,6 +678,16 @@ class _Ending:
 
 class _LinkClosed(Exception):
     pass
+
+
+@attrs.define(eq=False)
+class _Handshake:
+    """One connection's place among the handshakes under way (see ``max_handshakes``)."""
+
+    started: float
+    #: its deadline is ``handshake_timeout``; cancelled early when the place is taken
+    scope: trio.CancelScope
+    evicted: bool = False
 
 
 @attrs.frozen
@@ -695,14 +734,17 @@ class WebSocketFace:
             settings, token=token, port=port, tls=ssl_context is not None
         )
         self._connections: set[str] = set()
-        self._handshakes = 0
+        #: handshakes under way, oldest first
+        self._pending: dict[_Handshake, None] = {}
+        #: 503 answers to connections that found no handshake place, under way
+        self._busy = 0
         self._accepted = 0
         self._refused = 0
 
     def statistics(self) -> WebSocketStatistics:
         return WebSocketStatistics(
             connections=len(self._connections),
-            handshakes=self._handshakes,
+            handshakes=len(self._pending),
             accepted=self._accepted,
             refused=self._refused,
         )
@@ -717,31 +759,74 @@ class WebSocketFace:
         """
         log = logger.bind(peer=_peer_of(stream))
         try:
-            if self._handshakes >= self._settings.max_connections:
-                log.warning("ws_handshake_overload", handshakes=self._handshakes)
+            slot = self._handshake_slot()
+            if slot is None:
+                await self._refuse_busy(stream, log)
                 return
-            async with trio.open_nursery() as nursery:
-                # trio-websocket's reader task runs shielded, so that a cancelled connection
-                # still completes its closing handshake; it ends with the connection.
-                reader_scope = trio.CancelScope(shield=True)
-                ws_nursery: trio.Nursery = await nursery.start(_nursery_in, reader_scope)
-                try:
-                    await self._handle(stream, ws_nursery, log)
-                finally:
-                    reader_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    # trio-websocket's reader task runs shielded, so that a cancelled
+                    # connection still completes its closing handshake; it ends with the
+                    # connection.
+                    reader_scope = trio.CancelScope(shield=True)
+                    ws_nursery: trio.Nursery = await nursery.start(_nursery_in, reader_scope)
+                    try:
+                        await self._handle(stream, ws_nursery, log, slot)
+                    finally:
+                        reader_scope.cancel()
+            finally:
+                self._pending.pop(slot, None)
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _handle(self, raw: trio.abc.Stream, nursery: trio.Nursery, log: Log) -> None:
-        accepted = None
-        self._handshakes += 1  # no checkpoint since the limit was checked
+    def _handshake_slot(self) -> _Handshake | None:
+        """
+        A place among the handshakes under way (synchronous: taken as it is checked); None
+        when all ``max_handshakes`` are younger than :data:`HANDSHAKE_EVICT_AGE`.
+
+        A handshake that old is cut off to make room: a client trickling in its request head
+        (slowloris) holds a place for a second, not for ``handshake_timeout``.
+        """
+        now = trio.current_time()
+        if len(self._pending) >= self._settings.max_handshakes:
+            oldest = next(iter(self._pending))  # (dicts keep insertion order: oldest first)
+            if now - oldest.started < HANDSHAKE_EVICT_AGE:
+                return None
+            del self._pending[oldest]
+            oldest.evicted = True
+            oldest.scope.cancel()
+        slot = _Handshake(now, trio.CancelScope(deadline=now + self._settings.handshake_timeout))
+        self._pending[slot] = None
+        return slot
+
+    async def _refuse_busy(self, stream: trio.abc.Stream, log: Log) -> None:
+        """
+        503 to a connection that found every handshake place taken by a young handshake.
+
+        At most ``max_handshakes`` such answers are under way (each lingers up to
+        :data:`LINGER_SECONDS`); past that, and under TLS (an answer would cost a TLS
+        handshake first), the connection is closed unanswered.
+        """
+        if self._ssl is not None or self._busy >= self._settings.max_handshakes:
+            log.warning("ws_handshake_overload", handshakes=len(self._pending))
+            return
+        self._busy += 1
         try:
-            with trio.move_on_after(self._settings.handshake_timeout) as scope:
-                accepted = await self._handshake(raw, nursery, log)
-            if scope.cancelled_caught:
-                log.info("ws_handshake_timeout")
+            await self._refuse(stream, Refuse(503, "busy: too many handshakes", _RETRY), log)
         finally:
-            self._handshakes -= 1
+            self._busy -= 1
+
+    async def _handle(
+        self, raw: trio.abc.Stream, nursery: trio.Nursery, log: Log, slot: _Handshake
+    ) -> None:
+        accepted = None
+        try:
+            with slot.scope:
+                accepted = await self._handshake(raw, nursery, log)
+            if slot.scope.cancelled_caught:
+                log.info("ws_handshake_evicted" if slot.evicted else "ws_handshake_timeout")
+        finally:
+            self._pending.pop(slot, None)
         if accepted is None:
             return
         ws, conn_id, replay = accepted
@@ -861,6 +946,8 @@ class WebSocketFace:
                 if ending.code not in (1005, 1006):  # codes that are never sent
                     with trio.move_on_after(CLOSE_TIMEOUT):
                         await ws.aclose(ending.code, _truncated(ending.reason))
+                        # (A protocol error: trio-websocket closed without sending it.)
+                        await replay.send_close(ending.code, _truncated(ending.reason))
             log.info("ws_closed", code=ending.code, reason=ending.reason)
 
     async def _reader(
@@ -936,6 +1023,10 @@ class WebSocketFace:
             return 1006, "connection lost"
         if reason.code == 1009:
             return 1009, f"message over {self._settings.max_message_bytes} bytes"
+        if reason.code in (1002, 1007) and not replay.close_sent and not replay.broken:
+            # No close frame went out, so none came in (trio-websocket answers one before
+            # it reports it to the reader): wsproto found a protocol error.
+            return reason.code, f"protocol error: {reason.reason or reason.name}"
         return reason.code, f"closed by client: {reason.reason or reason.name}"
 
     async def _keepalive(self, ws: trio_websocket.WebSocketConnection, ending: _Ending) -> None:
@@ -989,8 +1080,8 @@ async def _read_head(stream: trio.abc.Stream) -> tuple[RequestHead, bytes] | Ref
     """
     Read up to the end of an HTTP request head: the head and every byte read (to replay).
 
-    Returns None at EOF before a whole head, a :class:`Refuse` for a malformed or oversize
-    one.
+    Returns None at EOF before a whole head, a :class:`Refuse` for a malformed one (400) or
+    one over :data:`MAX_HEAD_BYTES` (431).
     """
     parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     received = bytearray()
@@ -1001,7 +1092,12 @@ async def _read_head(stream: trio.abc.Stream) -> tuple[RequestHead, bytes] | Ref
             status = exc.error_status_hint
             return Refuse(status, "request head too large" if status == 431 else "bad request")
         if event is h11.NEED_DATA:
-            data = bytes(await stream.receive_some(_READ_CHUNK))
+            # Read no further than the cap: h11 checks its limit only between reads, so a
+            # last read of a whole chunk would let a head grow past it.
+            room = MAX_HEAD_BYTES - len(received)
+            if room <= 0:
+                return Refuse(431, "request head too large")
+            data = bytes(await stream.receive_some(min(_READ_CHUNK, room)))
             if not data:
                 return None
             received += data

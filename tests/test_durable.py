@@ -877,3 +877,52 @@ async def test_retention_passes_after_the_first_read_only_sessions_that_grew(tmp
             assert store.journal_bounds("other") == (1, 20)
             nursery.cancel_scope.cancel()
     store.close()
+
+
+async def test_only_the_owner_acts_on_a_session(tmp_path):
+    """Another connection's requests about a session are refused (-32002, attached
+    elsewhere), its notifications dropped; close and delete above all, which the bridge
+    serves itself for an agent without them: the session and its journal stay. A load or
+    resume takes the session over (the owner is told); then the new owner may delete it."""
+    agent = FakeAgent("a", capabilities={"sessionCapabilities": {"resume": {}}})
+    async with durable_bridge(tmp_path / "bridge.db", {"a": agent}) as (owner, bridge, nursery):
+        sid = await owner.new_session()
+        await owner.prompt(sid, "count 2")
+        await bridge.journal.wait_committed()
+        bounds = bridge.journal.store.journal_bounds(sid)
+        other = await connect(bridge, nursery, name="other")
+        asks = {
+            "session/close": {"sessionId": sid},
+            "session/delete": {"sessionId": sid},
+            "session/prompt": {"sessionId": sid, "prompt": [{"type": "text", "text": "count 1"}]},
+            "session/set_mode": {"sessionId": sid, "modeId": "x"},
+            "session/set_config_option": {"sessionId": sid, "configId": "x", "value": "y"},
+            "_vendor/thing": {"sessionId": sid},
+        }
+        for method, params in asks.items():
+            refused = await other.request(method, params)
+            assert refused["error"]["code"] == -32002, (method, refused)
+            assert "attached elsewhere" in refused["error"]["message"], method
+        await other.notify("session/cancel", {"sessionId": sid})
+        await other.notify("_vendor/poke", {"sessionId": sid})
+        await trio.testing.wait_all_tasks_blocked()
+        sent = [m.get("method") for m in agent.received]
+        assert "session/cancel" not in sent
+        assert not [m for m in sent if m and m.startswith("_vendor")]
+        assert sent.count("session/prompt") == 1  # the owner's only
+        await bridge.journal.wait_committed()
+        assert bridge.sessions.get(sid).client is not None
+        assert {r.bridge_id: r.state for r in bridge.journal.store.sessions()} == {sid: "active"}
+        assert bridge.journal.store.journal_bounds(sid) == bounds
+        assert (await owner.prompt(sid, "count 1"))["result"]["stopReason"] == "end_turn"
+        assert not [m for m in owner.received if m.get("method") == "_acp_bridge/log"]
+
+        await other.call("session/resume", {"sessionId": sid, **NEW})
+        told = await owner.wait_for(lambda m: m.get("method") == "_acp_bridge/log")
+        assert "taken over" in told["params"]["data"]["message"]
+        refused = await owner.request("session/delete", {"sessionId": sid})
+        assert refused["error"]["code"] == -32002
+        await other.call("session/delete", {"sessionId": sid})
+        await bridge.journal.wait_committed()
+        assert bridge.sessions.get(sid) is None
+        assert list(bridge.journal.store.sessions()) == []

@@ -39,6 +39,8 @@ from acp_bridge._bridge import Bridge
 from acp_bridge._config import ConfigError, WebSocketConfig, load_config
 from acp_bridge._jsonrpc import JsonRpcError
 from acp_bridge._ws import (
+    HANDSHAKE_EVICT_AGE,
+    MAX_HEAD_BYTES,
     HandshakePolicy,
     ListenInfo,
     Refuse,
@@ -761,6 +763,40 @@ async def test_tls_listener_serves_wss_and_health(tmp_path):
                 nursery.cancel_scope.cancel()
 
 
+#: Frames wsproto refuses, as a raw client sends them, and the close code each must get.
+BAD_FRAMES = [
+    # a masked text frame (mask key 0: the payload as is) that is not UTF-8
+    pytest.param(bytes((0x81, 0x82, 0, 0, 0, 0)) + b"\xff\xfe", 1007, id="invalid-utf8"),
+    pytest.param(bytes((0x81, 0x02)) + b"{}", 1002, id="unmasked"),
+    pytest.param(bytes((0x83, 0x80, 0, 0, 0, 0)), 1002, id="reserved-opcode"),
+]
+
+
+@pytest.mark.parametrize(("frame", "code"), BAD_FRAMES)
+async def test_protocol_errors_end_with_a_close_frame(frame, code):
+    """Invalid UTF-8, an unmasked frame, an unknown opcode: the server sends a close frame
+    (1007, 1002) before it closes the TCP connection, and the client's link ends."""
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": FakeAgent("a")}) as server:
+            stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+            async with stream:
+                client = RawClient(stream)
+                request = ev.Request(
+                    host=f"127.0.0.1:{server.port}", target="/acp", extra_headers=AUTH_HEADERS
+                )
+                await client.write(request)
+                assert isinstance(await client.next_event(), ev.AcceptConnection)
+                await client.call(1, "initialize", {"protocolVersion": 1})
+                await stream.send_all(frame)
+                close = await client.next_event()
+                assert isinstance(close, ev.CloseConnection), close
+                assert close.code == code
+                assert close.reason.startswith("protocol error: ")
+                assert await client.next_event() is None
+            await trio.testing.wait_all_tasks_blocked()
+            assert not server.bridge.clients
+
+
 # -- time: keepalive, idle, a client that stops reading (memory streams, autojump clock) ------
 
 
@@ -902,6 +938,138 @@ async def test_a_client_that_stops_reading_is_cut_off_and_its_link_closed(autoju
         while await client.next_event() is not None:
             pass  # whatever was already in flight, then EOF, and no close frame could come
         assert client.eof
+
+
+# -- handshake places, the connection cap, the head cap (memory streams, autojump clock) ---
+
+#: Half a request head, as a slowloris client sends it and then holds the connection.
+HALF_HEAD = f"GET /acp HTTP/1.1\r\nHost: 127.0.0.1:{MEMORY_PORT}\r\n".encode()
+
+
+async def read_http(stream: trio.abc.Stream) -> HttpResponse | None:
+    """The HTTP response on ``stream``: its head, then (unless 101) its body up to EOF. None
+    when the connection ends before any byte of a response."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            assert not data, f"connection closed inside a response head: {data!r}"
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
+    status = int(status_line.split(" ")[1])
+    if status != 101:
+        while chunk := await stream.receive_some(65536):
+            body += chunk
+    return HttpResponse(status, headers, body)
+
+
+def open_stream(face: WebSocketFace, nursery: trio.Nursery) -> trio.abc.Stream:
+    """A new connection to ``face``, over memory streams."""
+    client_side, server_side = trio.testing.memory_stream_pair()
+    nursery.start_soon(face.handle_connection, server_side)
+    return client_side
+
+
+async def open_ws_peer(face: WebSocketFace, nursery: trio.Nursery) -> WsPeer:
+    """An authenticated client, initialized."""
+    ws = await trio_websocket.wrap_client_stream(
+        nursery,
+        open_stream(face, nursery),
+        f"127.0.0.1:{MEMORY_PORT}",
+        "/acp",
+        extra_headers=AUTH_HEADERS,
+    )
+    peer = WsPeer(ws)
+    await peer.initialize()
+    return peer
+
+
+async def test_half_heads_do_not_hold_the_connection_cap_and_are_closed_at_the_deadline(
+    autojump_clock,
+):
+    """max_connections sockets that send half a request head and hold it (slowloris) shut
+    no authenticated client out: handshakes are not connections. At the connection cap a new
+    client gets a 503 response; the half heads are closed at handshake_timeout."""
+    cap, deadline = 8, 10.0
+    settings = {"max_connections": cap, "handshake_timeout": deadline, "ping_interval": 0}
+    with trio.fail_after(TIMEOUT):
+        async with open_face({"a": FakeAgent("a")}, **settings) as (face, bridge, nursery):
+            start = trio.current_time()
+            slow = [open_stream(face, nursery) for _ in range(cap)]
+            for stream in slow:
+                await stream.send_all(HALF_HEAD)
+            await trio.testing.wait_all_tasks_blocked()
+            assert face.statistics().handshakes == cap
+            peers = [await open_ws_peer(face, nursery) for _ in range(cap)]
+            assert len(bridge.clients) == cap
+            assert trio.current_time() == start  # no one waited for a handshake place
+            late = open_stream(face, nursery)
+            await late.send_all(upgrade_request(MEMORY_PORT, extra=[AUTH]))
+            refused = await read_http(late)
+            assert refused is not None
+            assert refused.status == 503
+            assert refused.headers["retry-after"] == "5"
+            for stream in slow:
+                assert await stream.receive_some(1024) == b""  # closed unanswered ...
+            assert trio.current_time() == start + deadline  # ... at the deadline
+            assert face.statistics().handshakes == 0
+            assert (await peers[0].request("session/new", NEW_SESSION))["result"]["sessionId"]
+
+
+async def test_a_full_handshake_table_gives_the_oldest_place_away_or_answers_503(
+    autojump_clock,
+):
+    """With max_handshakes under way, a new connection is answered 503 while they are all
+    younger than HANDSHAKE_EVICT_AGE; once the oldest is that old, a new connection takes its
+    place (the oldest is closed) and is served."""
+    settings = {"max_handshakes": 2, "handshake_timeout": 10.0, "ping_interval": 0}
+    with trio.fail_after(TIMEOUT):
+        async with open_face({"a": FakeAgent("a")}, **settings) as (face, bridge, nursery):
+            start = trio.current_time()
+            first = open_stream(face, nursery)
+            await first.send_all(HALF_HEAD)
+            await trio.sleep(HANDSHAKE_EVICT_AGE / 2)
+            second = open_stream(face, nursery)
+            await second.send_all(HALF_HEAD)
+            await trio.testing.wait_all_tasks_blocked()
+            busy = open_stream(face, nursery)
+            await busy.send_all(upgrade_request(MEMORY_PORT, extra=[AUTH]))
+            refused = await read_http(busy)
+            assert refused is not None
+            assert refused.status == 503
+            await trio.sleep_until(start + HANDSHAKE_EVICT_AGE)
+            peer = await open_ws_peer(
+                face, nursery
+            )  # takes the first one's place, not the second's
+            assert await first.receive_some(1024) == b""
+            assert trio.current_time() == start + HANDSHAKE_EVICT_AGE
+            assert face.statistics().handshakes == 1  # the second one, still waiting
+            assert len(bridge.clients) == 1
+            assert (await peer.request("session/new", NEW_SESSION))["result"]["sessionId"]
+
+
+def head_of_size(size: int) -> bytes:
+    """A valid, authenticated upgrade request whose head is exactly ``size`` bytes."""
+    bare = upgrade_request(MEMORY_PORT, extra=[AUTH, "X-Pad: "])
+    return upgrade_request(MEMORY_PORT, extra=[AUTH, "X-Pad: " + "p" * (size - len(bare))])
+
+
+@pytest.mark.parametrize(("size", "status"), [(MAX_HEAD_BYTES, 101), (MAX_HEAD_BYTES + 1, 431)])
+async def test_the_request_head_cap_is_exactly_max_head_bytes(size, status, autojump_clock):
+    """A head of MAX_HEAD_BYTES is served; one byte more is refused with 431 (arriving at
+    once, in whole reads, it was not: h11 checks its limit only between reads)."""
+    with trio.fail_after(TIMEOUT):
+        async with open_face({"a": FakeAgent("a")}) as (face, _, nursery):
+            request = head_of_size(size)
+            assert len(request) == size
+            stream = open_stream(face, nursery)
+            await stream.send_all(request)
+            response = await read_http(stream)
+            assert response is not None
+            assert response.status == status
 
 
 async def test_cancelled_server_closes_connections_with_1001():

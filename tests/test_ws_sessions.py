@@ -91,3 +91,26 @@ async def test_resume_over_websocket_takes_over_and_the_first_is_told():
             assert reply["result"]["stopReason"] == "end_turn"
             texts = [chunk_text(m) for m in second.received if m.get("method") == "session/update"]
             assert texts == ["a:s1:0", "a:s1:1"]
+
+
+async def test_another_connection_cannot_close_or_delete_a_session_it_does_not_own():
+    """The bridge serves session/close and session/delete itself for an agent without them:
+    from a connection that does not own the session they are refused (-32002), and the
+    owner goes on."""
+    agent = FakeAgent("a", capabilities={"sessionCapabilities": {"resume": {}}})
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_server({"a": agent}) as server,
+            open_peer(server.port) as owner,
+            open_peer(server.port) as other,
+        ):
+            sid = (await owner.request("session/new", NEW_SESSION))["result"]["sessionId"]
+            for method in ("session/close", "session/delete"):
+                refused = await other.request(method, {"sessionId": sid})
+                assert refused["error"]["code"] == -32002
+                assert "attached elsewhere" in refused["error"]["message"]
+            assert server.bridge.sessions.get(sid) is not None
+            prompt = {"sessionId": sid, "prompt": [{"type": "text", "text": "count 1"}]}
+            reply = await owner.request("session/prompt", prompt)
+            assert reply["result"]["stopReason"] == "end_turn"
+            assert not [m for m in owner.received if m.get("method") == "_acp_bridge/log"]

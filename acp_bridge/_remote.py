@@ -21,6 +21,11 @@ unless ``client_fs = true`` says both sides see the same files; ``path_map`` (:c
 rewrites the session's cwd and additionalDirectories from the client's paths to the remote's
 on the way to the agent, and the agent's fs/terminal paths back before containment checks
 them against the session's roots (the client's paths).
+
+Not yet (issue 21, point 4): the sub-agent MCP server every session gets (DESIGN §9) must be
+reached from the far side, through ``acp-bridge mcp`` run over the same engine or a forwarded
+port. That server does not exist yet; when it does, its injection into ``session/new`` asks
+:func:`is_remote` (and :func:`location`) here how a remote agent reaches it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ prompt depends only on the prompt text (see :func:`parse_script`):
   the content back.
 - ``count N`` / ``slow``: stream N (``slow``: 50) numbered chunks, ``chunk_delay`` apart.
 - ``env NAME``: stream ``NAME=VALUE`` of the agent's environment (``NAME is not set``; a
-  secret-looking name, as :func:`acp_bridge._config.redact_env` sees them, shows ``***``): where
+  secret-looking name, as :data:`acp_bridge._redact.SECRET_NAME` sees them, shows ``***``): where
   it runs, e.g. ``SSH_CONNECTION`` over ssh.
 - anything else: a ``plan``, then "You said: <text>" streamed word by word.
 
@@ -56,6 +56,7 @@ from acp_bridge._jsonrpc import (
     result,
 )
 from acp_bridge._log import configure_logging
+from acp_bridge._redact import MASK, SECRET_NAME
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -185,8 +186,6 @@ _READ_RE: Final = re.compile(r"\bread\s+(\S+)", re.IGNORECASE)
 _COUNT_RE: Final = re.compile(r"\bcount\s+(\d+)", re.IGNORECASE)
 _SLOW_RE: Final = re.compile(r"\bslow\b", re.IGNORECASE)
 _ENV_RE: Final = re.compile(r"\benv\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
-#: names whose values ``env NAME`` does not show (the names redact_env hides in logs)
-_SECRET_NAME_RE: Final = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|AUTH", re.IGNORECASE)
 
 
 def parse_script(text: str) -> Script:
@@ -240,7 +239,7 @@ def env_line(name: str, environ: Mapping[str, str]) -> str:
     """What ``env NAME`` answers: ``NAME=VALUE``, ``NAME=***`` or ``NAME is not set``."""
     if name not in environ:
         return f"{name} is not set"
-    return f"{name}={'***' if _SECRET_NAME_RE.search(name) else environ[name]}"
+    return f"{name}={MASK if SECRET_NAME.search(name) else environ[name]}"
 
 
 def count_pieces(n: int) -> list[str]:

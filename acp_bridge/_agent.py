@@ -26,6 +26,7 @@ import structlog
 import trio
 
 from acp_bridge import _pipes as pipes
+from acp_bridge import _remote as remote
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -119,8 +120,13 @@ def resolve_command(config: AgentConfig) -> list[str]:
     The argv to run for an agent.
 
     ``acp-bridge`` as a command means this very installation: when it is not on PATH (a venv
-    that is not activated), it runs as ``python -m acp_bridge`` with this interpreter.
+    that is not activated), it runs as ``python -m acp_bridge`` with this interpreter. A
+    remote agent's argv is the engine's (``ssh ...``, the launcher prefix) with its command
+    as configured: the other machine has its own installation.
     """
+    remote_argv = remote.agent_argv(config)
+    if remote_argv is not None:
+        return remote_argv
     argv = [config.command, *config.args]
     if config.command == "acp-bridge" and shutil.which("acp-bridge") is None:
         argv = [sys.executable, "-m", "acp_bridge", *config.args]
@@ -238,8 +244,9 @@ def make_subprocess_launcher(
     ) -> int | None:
         argv = resolve_command(config)
         env = dict(os.environ)
-        env.update(config.env)
-        cwd = config.cwd
+        if not remote.is_remote(config):  # (a remote agent's env is set on the far side)
+            env.update(config.env)
+        cwd = config.cwd if config.ssh is None else None  # (an ssh agent's cwd is remote)
         if cwd is not None and base_dir is not None and not os.path.isabs(cwd):
             cwd = os.path.join(base_dir, cwd)
         try:

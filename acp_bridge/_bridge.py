@@ -34,6 +34,7 @@ import trio
 
 from acp_bridge import __version__
 from acp_bridge import _pipes as pipes
+from acp_bridge import _remote as remote
 from acp_bridge._agent import (
     AgentStartError,
     AgentTransport,
@@ -530,6 +531,7 @@ class Bridge:
             {
                 "name": a.name,
                 "state": a.state.value,
+                "runsOn": remote.location(a.config),
                 "pid": a.pid,
                 "starts": a.starts,
                 "restarts": max(a.starts - 1, 0),
@@ -1205,6 +1207,7 @@ class Bridge:
         entry = Forwarded(client, origin_id, msg["method"], session, context)
         bridge_id = agent.pending.add(entry)
         msg["id"] = bridge_id
+        remote.map_to_agent(agent.config, msg["method"], params_of(msg))
         if not agent.send_nowait(dumps(msg)):
             agent.pending.pop(bridge_id)
             self._undo_forward(agent, entry, ok=False)
@@ -1259,6 +1262,7 @@ class Bridge:
                         session = self.sessions.register(
                             agent.name, info["sessionId"], state=SessionState.LISTED
                         )
+                        remote.map_listed_session(agent.config, info)
                         if not session.roots:
                             session.roots = _roots_of(info)
                         info["sessionId"] = session.bridge_id
@@ -1301,6 +1305,7 @@ class Bridge:
         """A request of the bridge's own to an agent; returns its result or raises."""
         waiter = Waiter()
         bridge_id = agent.pending.add(waiter)
+        remote.map_to_agent(agent.config, method, params)
         if not agent.send_nowait(dumps(request_msg(bridge_id, method, params))):
             agent.pending.pop(bridge_id)
             raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is not accepting input")
@@ -1538,7 +1543,11 @@ class Bridge:
             with trio.move_on_after(EXIT_STATUS_WAIT):
                 await agent.exited.wait()
             log.warning("agent_exited", status=agent.exit_status, failure=agent.failure)
-            reason = "exited" if agent.failure is None else f"was stopped: {agent.failure}"
+            reason = (
+                remote.death_reason(agent.config, agent.exit_status)
+                if agent.failure is None
+                else f"was stopped: {agent.failure}"
+            )
             await self.agent_log(
                 agent,
                 "warning" if agent.failure is None else "error",
@@ -1558,9 +1567,12 @@ class Bridge:
 
     async def _handshake(self, agent: AgentLink, eof: trio.Event) -> None:
         caps = self._fixed_client_capabilities
+        caps = remote.offered_capabilities(
+            agent.config, self._client_capabilities if caps is None else caps
+        )
         params: JsonObject = {
             "protocolVersion": PROTOCOL_VERSION,
-            "clientCapabilities": self._client_capabilities if caps is None else caps,
+            "clientCapabilities": caps,
             "clientInfo": {"name": "acp-bridge", "version": __version__},
         }
         result: Any = None
@@ -1580,14 +1592,17 @@ class Bridge:
             raise JsonRpcError(
                 INTERNAL_ERROR,
                 f"agent {agent.name!r} exited during initialize"
-                + (f" (status {agent.exit_status})" if agent.exit_status is not None else ""),
+                + (f" (status {agent.exit_status})" if agent.exit_status is not None else "")
+                + remote.start_failure(
+                    agent.config, agent.exit_status, agent.failure_data()["stderrTail"]
+                ),
                 agent.failure_data(),
             )
         if timeout.cancelled_caught:
             raise JsonRpcError(
                 INTERNAL_ERROR,
                 f"agent {agent.name!r} did not answer initialize within "
-                f"{agent.config.start_timeout:g}s",
+                f"{agent.config.start_timeout:g}s{remote.start_timeout_note(agent.config)}",
                 agent.failure_data(),
             )
         if not isinstance(result, dict):
@@ -2008,6 +2023,10 @@ class Bridge:
         if gate is None and not method.startswith("_"):
             agent.answer(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method))))
             return
+        if not remote.may_call_client(agent.config, method):
+            why = "the client's files are not offered to a remote agent (client_fs = false)"
+            agent.answer(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method, why))))
+            return
         if session is None:
             err = (
                 JsonRpcError.resource_not_found(f"unknown session {sid!r}")
@@ -2122,6 +2141,7 @@ class Bridge:
         resolved form (what was checked is what the client touches), or the call is refused.
         """
         key = _CONTAINED_PATHS[msg["method"]]
+        remote.map_from_agent(agent.config, params, key)  # (path_map: the remote's to ours)
         path = params.get(key)
         if path is None and key == "cwd":
             return True  # terminal/create without a cwd: the client's default

@@ -37,12 +37,14 @@ from cattrs.gen import make_dict_structure_fn, override
 from cattrs.v import format_exception
 
 from acp_bridge._policy import Policy, parse_policy, render_key_path, unknown_agents
+from acp_bridge._remote import SshConfig, remote_problems
 
 __all__ = [
     "AgentConfig",
     "BridgeConfig",
     "Config",
     "ConfigError",
+    "SshConfig",
     "StoreConfig",
     "WebSocketConfig",
     "config_from_agent_specs",
@@ -93,8 +95,17 @@ class AgentConfig:
         args: its arguments.
         env: extra environment variables, on top of the bridge's own environment.
         cwd: where the process starts (not the session cwd); relative paths in a config file
-            are resolved against the file's directory.
-        start_timeout: seconds allowed for spawn plus ``initialize``.
+            are resolved against the file's directory. With ``ssh``: the remote directory,
+            as written (relative to the remote user's home).
+        start_timeout: seconds allowed for spawn plus ``initialize`` (with ``ssh``: the
+            connection and login too).
+        ssh: run ``command``, ``args`` and ``env`` on another host through OpenSSH.
+        launcher: run them behind this argv prefix instead (``kubectl exec -i POD --``,
+            ``docker exec -i CONTAINER``); ``env`` is set with ``env`` on the far side.
+        client_fs: a remote agent gets the client's ``fs``/``terminal`` capabilities (the
+            two sides share paths); default: not offered.
+        path_map: the client's directory prefixes and the remote's, for a remote agent whose
+            paths differ (session directories out, its fs/terminal paths back).
     """
 
     name: str
@@ -103,6 +114,10 @@ class AgentConfig:
     env: Mapping[str, str] = attrs.field(default=_EMPTY, converter=_frozen_env)
     cwd: str | None = None
     start_timeout: float = 30.0
+    ssh: SshConfig | None = None
+    launcher: tuple[str, ...] | None = None
+    client_fs: bool = False
+    path_map: Mapping[str, str] = attrs.field(default=_EMPTY, converter=_frozen_env)
 
 
 def _frozen_agents(agents: Mapping[str, AgentConfig]) -> Mapping[str, AgentConfig]:
@@ -303,7 +318,7 @@ def _structure_float(obj: object, _: object) -> float:
     return float(obj)
 
 
-def _structure_bool(obj: object, _: object) -> bool:  # no boolean keys yet; strict when added
+def _structure_bool(obj: object, _: object) -> bool:
     if not isinstance(obj, bool):
         raise _Invalid("expected true or false")
     return obj
@@ -515,6 +530,7 @@ def _check(config: Config) -> list[str]:
         prefix = render_key_path(("agents", name))
         need(agent.command != "", f"{prefix}.command", "must not be empty")
         need(agent.start_timeout > 0, f"{prefix}.start_timeout", "must be positive")
+        problems += remote_problems(agent)
     bridge = config.bridge
     if bridge.default_agent is not None and bridge.default_agent not in config.agents:
         problems.append(_unknown_default(bridge.default_agent, config.agents))
@@ -575,6 +591,14 @@ def _resolve(path: str | None, base_dir: str | None) -> str | None:
     return os.path.join(base_dir, os.path.expanduser(path))
 
 
+def _resolve_agent(agent: AgentConfig, base_dir: str | None) -> AgentConfig:
+    """An agent's local paths anchored; an ssh agent's ``cwd`` is the remote's, kept as is."""
+    if agent.ssh is None:
+        return attrs.evolve(agent, cwd=_resolve(agent.cwd, base_dir))
+    ssh = attrs.evolve(agent.ssh, identity=_resolve(agent.ssh.identity, base_dir))
+    return attrs.evolve(agent, ssh=ssh)
+
+
 # --- entry points --------------------------------------------------------------------------
 
 
@@ -587,8 +611,9 @@ def parse_config(
     Args:
         data: the document, as :func:`tomllib.loads` returns it.
         source: names the origin in messages.
-        base_dir: relative ``cwd``, ``token_file``, ``tls_cert``, ``tls_key`` and ``store.path``
-            values are resolved against it (after ``~`` expansion); ``None`` leaves them as
+        base_dir: relative ``cwd`` (but an ssh agent's, which is remote), ``ssh.identity``,
+            ``token_file``, ``tls_cert``, ``tls_key`` and ``store.path`` values are resolved
+            against it (after ``~`` expansion); ``None`` leaves them as
             written.
 
     Raises:
@@ -613,10 +638,7 @@ def parse_config(
         config,
         source=source,
         policy=policy,
-        agents={
-            name: attrs.evolve(agent, cwd=_resolve(agent.cwd, base_dir))
-            for name, agent in config.agents.items()
-        },
+        agents={name: _resolve_agent(agent, base_dir) for name, agent in config.agents.items()},
         websocket=attrs.evolve(
             config.websocket,
             token_file=_resolve(config.websocket.token_file, base_dir),

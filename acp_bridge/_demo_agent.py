@@ -12,6 +12,9 @@ prompt depends only on the prompt text (see :func:`parse_script`):
 - ``read FILE``: ``fs/read_text_file`` if the client advertised ``fs.readTextFile``, then stream
   the content back.
 - ``count N`` / ``slow``: stream N (``slow``: 50) numbered chunks, ``chunk_delay`` apart.
+- ``env NAME``: stream ``NAME=VALUE`` of the agent's environment (``NAME is not set``; a
+  secret-looking name, as :data:`acp_bridge._redact.SECRET_NAME` sees them, shows ``***``): where
+  it runs, e.g. ``SSH_CONNECTION`` over ssh.
 - anything else: a ``plan``, then "You said: <text>" streamed word by word.
 
 Keywords are case-insensitive whole words, tried in that order. Every update of a turn is sent
@@ -54,9 +57,10 @@ from acp_bridge._jsonrpc import (
     result,
 )
 from acp_bridge._log import configure_logging
+from acp_bridge._redact import MASK, SECRET_NAME
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 logger = structlog.get_logger(__name__)
 
@@ -96,6 +100,7 @@ _COMMANDS: Final = (
     {"name": "write", "description": "Write a file (asks first)", "input": {"hint": "FILE TEXT"}},
     {"name": "read", "description": "Read a file back to you", "input": {"hint": "FILE"}},
     {"name": "fail", "description": "Answer the prompt with a JSON-RPC error"},
+    {"name": "env", "description": "Show one environment variable", "input": {"hint": "NAME"}},
 )
 
 
@@ -168,7 +173,14 @@ class Fail:
     """Answer the prompt with a JSON-RPC error."""
 
 
-Script: TypeAlias = Echo | WriteFile | ReadFile | Count | Fail
+@attrs.frozen
+class ShowEnv:
+    """Stream ``NAME=VALUE`` of the agent's own environment."""
+
+    name: str
+
+
+Script: TypeAlias = Echo | WriteFile | ReadFile | Count | Fail | ShowEnv
 
 _FAIL_RE: Final = re.compile(r"\bfail\b", re.IGNORECASE)
 # One separator character after FILE is dropped, so "write a.txt\nline" writes "line".
@@ -176,11 +188,12 @@ _WRITE_RE: Final = re.compile(r"\bwrite\s+(\S+)\s?(.*)", re.IGNORECASE | re.DOTA
 _READ_RE: Final = re.compile(r"\bread\s+(\S+)", re.IGNORECASE)
 _COUNT_RE: Final = re.compile(r"\bcount\s+(\d+)", re.IGNORECASE)
 _SLOW_RE: Final = re.compile(r"\bslow\b", re.IGNORECASE)
+_ENV_RE: Final = re.compile(r"\benv\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 
 
 def parse_script(text: str) -> Script:
     """Decide what a prompt asks for; the first keyword in this order wins: fail, write, read,
-    count, slow."""
+    count, slow, env."""
     if _FAIL_RE.search(text):
         return Fail()
     if m := _WRITE_RE.search(text):
@@ -191,6 +204,8 @@ def parse_script(text: str) -> Script:
         return Count(min(int(m[1]), MAX_COUNT))
     if _SLOW_RE.search(text):
         return Count(SLOW_COUNT)
+    if m := _ENV_RE.search(text):
+        return ShowEnv(m[1])
     return Echo()
 
 
@@ -221,6 +236,13 @@ def split_words(text: str) -> list[str]:
     if len(pieces) > MAX_PIECES:
         pieces[MAX_PIECES - 1 :] = ["".join(pieces[MAX_PIECES - 1 :])]
     return pieces
+
+
+def env_line(name: str, environ: Mapping[str, str]) -> str:
+    """What ``env NAME`` answers: ``NAME=VALUE``, ``NAME=***`` or ``NAME is not set``."""
+    if name not in environ:
+        return f"{name} is not set"
+    return f"{name}={MASK if SECRET_NAME.search(name) else environ[name]}"
 
 
 def count_pieces(n: int) -> list[str]:
@@ -696,6 +718,9 @@ class _DemoAgent:
                 return END_TURN
             case Echo():
                 return await self._echo(session, turn, text)
+            case ShowEnv(name):
+                await self._say(session, turn, env_line(name, os.environ))
+                return END_TURN
             case unreachable:
                 assert_never(unreachable)
 
@@ -900,6 +925,7 @@ prompt keywords (case-insensitive, first match wins):
   read FILE          read FILE (fs/read_text_file) and stream it back
   count N            stream N numbered chunks
   slow               stream 50 numbered chunks
+  env NAME           NAME=VALUE of the agent's environment (secret-looking names: ***)
   anything else      echo "You said: ..." word by word
 """
 

@@ -18,6 +18,7 @@ import structlog
 import trio
 
 from acp_bridge import _pipes as pipes
+from acp_bridge import _remote as remote
 from acp_bridge._agent import StderrRing
 from acp_bridge._diagnostics import LOG_BURST
 from acp_bridge._routing import Forwarded, PendingTable
@@ -546,6 +547,7 @@ class AgentLink:
         info: JsonObject = {
             "name": self.name,
             "state": self.state.value,
+            "runsOn": remote.location(self.config),
             "pid": self.pid,
             "starts": self.starts,
             "agentCapabilities": self.capabilities,

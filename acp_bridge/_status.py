@@ -200,6 +200,7 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
             f"  {a['name']:<16} {a.get('state', '?'):<9} pid {pid if pid is not None else '-':<8}"
             f" restarts {a.get('restarts', 0):<3} sessions {a.get('sessions', 0):<3}"
             f" queue {a.get('queueDepth', 0):<4} pending {a.get('pendingRequests', 0)}"
+            f"  on {a.get('runsOn', 'local')}"
         )
     sessions: list[JsonObject] = status.get("sessions", [])
     lines.append(f"sessions ({len(sessions)}):")

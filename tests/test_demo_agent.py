@@ -21,8 +21,10 @@ from acp_bridge._demo_agent import (
     Echo,
     Fail,
     ReadFile,
+    ShowEnv,
     WriteFile,
     count_pieces,
+    env_line,
     parse_demo_args,
     parse_script,
     resolve_path,
@@ -184,6 +186,9 @@ def start_agent(nursery: trio.Nursery):
         ("go slow", Count(50)),
         ("fail to write x.txt", Fail()),
         ("write x.txt then read y.txt", WriteFile("x.txt", "then read y.txt")),
+        ("env SSH_CONNECTION", ShowEnv("SSH_CONNECTION")),
+        ("count 2 env HOME", Count(2)),
+        ("environment HOME", Echo()),
     ],
 )
 def test_parse_script_picks_the_first_keyword_in_precedence_order(text, script):
@@ -406,6 +411,7 @@ async def test_new_session_mints_ids_and_announces_commands_after_the_response(s
         "write",
         "read",
         "fail",
+        "env",
     ]
     assert second == f"s-{run}-2"
 
@@ -576,6 +582,27 @@ async def test_count_streams_numbered_chunks(start_agent):
         session_id = await wire.new_session()
         before, response = await wire.until_response(await wire.prompt(session_id, "count 4"))
     assert chunks(before) == ["1 ", "2 ", "3 ", "4"]
+    assert response["result"] == {"stopReason": "end_turn"}
+
+
+def test_env_line_shows_a_variable_but_hides_secret_looking_ones():
+    environ = {"SSH_CONNECTION": "127.0.0.1 5 127.0.0.1 22", "API_KEY": "sk-1", "E": ""}
+    assert env_line("SSH_CONNECTION", environ) == "SSH_CONNECTION=127.0.0.1 5 127.0.0.1 22"
+    assert env_line("API_KEY", environ) == "API_KEY=***"
+    assert env_line("E", environ) == "E="
+    assert env_line("MISSING", environ) == "MISSING is not set"
+
+
+async def test_env_streams_a_variable_of_the_agents_environment(start_agent, monkeypatch):
+    """env NAME answers NAME=VALUE from the agent's own environment, then end_turn."""
+    monkeypatch.setenv("DEMO_ENV_PROBE", "a b  'c' $d")
+    with trio.fail_after(TIMEOUT):
+        wire = await start_agent()
+        session_id = await wire.new_session()
+        before, response = await wire.until_response(
+            await wire.prompt(session_id, "env DEMO_ENV_PROBE")
+        )
+    assert "".join(chunks(before)) == "DEMO_ENV_PROBE=a b  'c' $d"
     assert response["result"] == {"stopReason": "end_turn"}
 
 

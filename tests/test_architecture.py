@@ -37,6 +37,7 @@ PURE: tuple[str, ...] = (
     "_status",
     "_backoff",
     "_diagnostics",
+    "_remote",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

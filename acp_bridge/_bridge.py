@@ -191,7 +191,32 @@ _SESSION_METHODS: Final[dict[str, Callable[[JsonObject], bool] | None]] = {
     "session/close": lambda caps: _has_session_cap(caps, "close"),
     "session/delete": lambda caps: _has_session_cap(caps, "delete"),
     "session/fork": lambda caps: _has_session_cap(caps, "fork"),
+    # v1 unstable (SDK 2.4.0 schema)
+    "session/set_title": lambda caps: _has_session_cap(caps, "title"),
+    "session/status": lambda caps: _has_session_cap(caps, "status"),
+    "session/archive": lambda caps: _has_session_cap(caps, "archive"),
+    "session/unarchive": lambda caps: _has_session_cap(caps, "archive"),
 }
+
+#: Session methods that look at a session without joining it (the spec: ``session/status``
+#: does not attach the requesting connection; any listed session may be retitled): they
+#: neither take a session nor are refused for one another connection holds.
+_LOOK_ONLY_METHODS: Final = frozenset({"session/status", "session/set_title"})
+
+#: Client → agent connection-scoped methods (no session): they go to the agent named in
+#: ``_meta.acp_bridge.agent``, else the default one, gated on its capability.
+_CONNECTION_METHODS: Final[dict[str, Callable[[JsonObject], bool]]] = {
+    "logout": lambda caps: _has_cap(caps, "auth", "logout"),
+    "auth/status": lambda caps: _has_cap(caps, "auth", "status"),
+    "providers/list": lambda caps: caps.get("providers") is not None,
+    "providers/set": lambda caps: caps.get("providers") is not None,
+    "providers/disable": lambda caps: caps.get("providers") is not None,
+}
+
+
+def _has_cap(caps: JsonObject, group: str, name: str) -> bool:
+    inner = caps.get(group)
+    return isinstance(inner, dict) and inner.get(name) is not None
 
 
 def _has_session_cap(caps: JsonObject, name: str) -> bool:
@@ -1188,8 +1213,10 @@ class Bridge:
             await self._session_new(client, msg, params)
         elif method == "session/list":
             self._spawn(self._session_list, client, msg, params)
-        elif method in ("authenticate", "logout"):
+        elif method == "authenticate":
             await self._auth_request(client, msg, params)
+        elif method in _CONNECTION_METHODS:
+            await self._connection_request(client, msg, params)
         elif method == "_acp_bridge/set_log_level":
             level = params.get("level")
             if not isinstance(level, str) or level not in _LEVEL_RANK:
@@ -1210,7 +1237,11 @@ class Bridge:
                     )
                 )
             )
-        elif method.startswith("_") and isinstance(params.get("sessionId"), str):
+        elif isinstance(params.get("sessionId"), str) and (
+            method.startswith("_") or self.sessions.get(params["sessionId"]) is not None
+        ):
+            # What the bridge does not know goes to the session's agent, which answers it
+            # (its own -32601 when it does not know it either).
             await self._session_request(client, msg, params)
         else:
             raise JsonRpcError.method_not_found(method)
@@ -1358,12 +1389,13 @@ class Bridge:
             await self._close_without_agent(client, msg, session, agent)
             return
         owner = session.client
-        if owner is not None and owner is not client and not owner.closed:
+        look_only = method in _LOOK_ONLY_METHODS
+        if owner is not None and owner is not client and not owner.closed and not look_only:
             raise JsonRpcError.invalid_request(
                 f"session {sid!r} is attached to another connection; "
                 "take it over with session/resume or session/load"
             )
-        if owner is None and live:
+        if owner is None and live and not look_only:
             await self._attach(session, client)
         if agent.state is not AgentState.READY:
             if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
@@ -1413,7 +1445,7 @@ class Bridge:
                 session.client = client
                 await self._forward(client, msg, agent, session, previous)
                 return
-        if session.client is None:
+        if session.client is None and method not in _LOOK_ONLY_METHODS:
             session.client = client
         if session.rewrite:
             params["sessionId"] = session.agent_id
@@ -1739,7 +1771,7 @@ class Bridge:
 
     async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         name = _agent_selector(params)
-        if name is None and msg["method"] == "authenticate":
+        if name is None:
             method_id = params.get("methodId")
             for candidate in (self.agents[self.default_agent], *self.agents.values()):
                 if candidate.state is AgentState.READY and any(
@@ -1750,12 +1782,42 @@ class Bridge:
         agent = self.agents.get(name or self.default_agent)
         if agent is None:
             raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
-        if msg["method"] == "logout":
-            auth = agent.capabilities.get("auth")
-            if not (isinstance(auth, dict) and auth.get("logout") is not None):
-                raise JsonRpcError.method_not_found("logout", f"agent {agent.name!r} has no logout")
         if agent.state is not AgentState.READY:
             raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is {agent.state.value}")
+        await self._forward(client, msg, agent, None)
+
+    async def _connection_request(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject
+    ) -> None:
+        """``logout``, ``auth/status``, ``providers/*``: to the named (or default) agent."""
+        name = _agent_selector(params) or self.default_agent
+        agent = self.agents.get(name)
+        if agent is None:
+            raise JsonRpcError.invalid_params(
+                f"unknown agent {name!r}; configured: {', '.join(self.agents)}"
+            )
+        if agent.state is AgentState.READY:
+            await self._forward_connection_request(client, msg, agent)
+        else:
+            self._spawn(self._connection_request_when_ready, client, msg, agent)
+
+    async def _connection_request_when_ready(
+        self, client: ClientLink, msg: JsonObject, agent: AgentLink
+    ) -> None:
+        try:
+            await self.ensure_ready(agent)
+            await self._forward_connection_request(client, msg, agent)
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
+
+    async def _forward_connection_request(
+        self, client: ClientLink, msg: JsonObject, agent: AgentLink
+    ) -> None:
+        method: str = msg["method"]
+        if not _CONNECTION_METHODS[method](agent.capabilities):
+            raise JsonRpcError.method_not_found(
+                method, f"agent {agent.name!r} does not support {method}"
+            )
         await self._forward(client, msg, agent, None)
 
     async def _session_list(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
@@ -2759,6 +2821,12 @@ class Bridge:
         elif method in ("session/close", "session/delete") and session is not None and ok:
             self.sessions.remove(session)
             self._forget(session, delete=method == "session/delete")
+        elif method == "session/archive" and session is not None and ok:
+            # The agent closed it (the spec: as session/close would) but keeps it: the bridge
+            # keeps its id routable (unarchive, load) like a listed session, attached to none.
+            self._forget(session)
+            session.state = SessionState.LISTED
+            session.client = None
         return early
 
     def _take_early_updates(self, agent: AgentLink, session: Session) -> list[bytes]:

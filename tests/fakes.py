@@ -55,8 +55,11 @@ class FakeAgent:
         early_update: bool = False,
         list_pages: int = 0,
         new_delay: float = 0.0,
+        serves: frozenset[str] = frozenset(),
     ) -> None:
         self.name = name
+        #: other methods it answers, with ``{"method", "params", "agent"}`` (else -32601)
+        self.serves = serves
         self.prefix = prefix
         self.capabilities = (
             capabilities
@@ -186,6 +189,8 @@ class FakeAgent:
             return await self._prompt(params)
         if method.startswith("_"):
             return {"method": method, "params": params}
+        if method in self.serves:
+            return {"method": method, "params": params, "agent": self.name}
         raise _Error(-32601)
 
     def _list(self, params: dict[str, Any]) -> dict[str, Any]:

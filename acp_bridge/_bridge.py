@@ -1248,6 +1248,9 @@ class Bridge:
 
     async def _initialize(self, client: ClientLink, msg: JsonObject) -> None:
         params = params_of(msg)
+        requested = params.get("protocolVersion")
+        if type(requested) is not int:
+            raise JsonRpcError.invalid_params("protocolVersion: expected an integer")
         caps = params.get("clientCapabilities")
         client.capabilities = caps if isinstance(caps, dict) else {}
         client.want_seq = _bridge_meta(params).get("seq") is True
@@ -1259,10 +1262,9 @@ class Bridge:
             await self._reply_error(client, msg["id"], exc)
             return
         client.initialized = True
-        requested = params.get("protocolVersion")
+        # The only version the bridge speaks (the spec: the requested one when supported,
+        # else the latest supported; 0 is no version at all).
         version = PROTOCOL_VERSION
-        if type(requested) is int and 0 <= requested < PROTOCOL_VERSION:
-            version = requested
         caps_out = self._advertised_capabilities(default)
         answer: JsonObject = {
             "protocolVersion": version,

@@ -33,6 +33,26 @@ async def test_initialize_newer_version_is_answered_with_1():
         assert result["protocolVersion"] == 1
 
 
+async def test_initialize_with_a_version_the_bridge_lacks_is_answered_with_its_own():
+    """The spec: the requested version when supported, else the latest supported (1)."""
+    async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
+        for requested in (0, -1):
+            result = await client.call("initialize", {"protocolVersion": requested})
+            assert result["protocolVersion"] == 1
+
+
+@pytest.mark.parametrize("version", ["1", 1.5, True, None, [1]])
+async def test_initialize_with_a_version_that_is_no_integer_is_invalid_params(version):
+    async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
+        params = {} if version is None else {"protocolVersion": version}
+        response = await client.request("initialize", params)
+        assert response["error"]["code"] == -32602
+        assert "protocolVersion" in response["error"]["message"]
+        # Not initialized by it.
+        refused = await client.request("session/new", {"cwd": "/w", "mcpServers": []})
+        assert refused["error"]["code"] == -32600
+
+
 async def test_requests_before_initialize_are_refused():
     async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
         response = await client.request("session/new", {"cwd": "/w", "mcpServers": []})

@@ -325,14 +325,25 @@ class ClientLink:
         self.initialized = False
         #: opted in to ``_meta.acp_bridge.seq`` on every relayed session/update
         self.want_seq = False
-        #: the least severe ``_acp_bridge/log`` it wants (``_acp_bridge/set_log_level``)
-        self.log_level = "info"
+        #: the least severe ``_acp_bridge/log`` it wants: None (the default) sends it none,
+        #: since stock clients report every unknown notification as an error; set by
+        #: ``initialize`` ``_meta.acp_bridge.log`` or ``_acp_bridge/set_log_level``
+        self.log_level: str | None = None
+        #: it knows the bridge's extensions (any ``_meta.acp_bridge`` on its ``initialize``,
+        #: or an ``_acp_bridge/set_log_level``): only then is it sent other ``_acp_bridge/*``
+        #: notifications (``permission_resolved``)
+        self.extensions = False
         self.closed = False
         self.close_reason: str | None = None
         #: set when the link closes (overflow, or the connection ended)
         self.closed_event = trio.Event()
         self._idle: trio.Event | None = None
         self.log = logger.bind(client=name)
+
+    def wants_log(self, level: str) -> bool:
+        """Whether it asked for ``_acp_bridge/log`` notifications of this level."""
+        wanted = self.log_level
+        return wanted is not None and _LEVEL_RANK.get(level, 1) >= _LEVEL_RANK[wanted]
 
     def done(self, origin_id: JsonRpcId) -> None:
         """A request of this client's was answered."""
@@ -1092,7 +1103,12 @@ class Bridge:
         session: Session | None = None,
         **data: Any,
     ) -> None:
-        """A ``_acp_bridge/log`` notification (shaped after ACP RFD #392) to one client."""
+        """
+        A ``_acp_bridge/log`` notification (shaped after ACP RFD #392) to one client, if it
+        asked for this level.
+        """
+        if not client.wants_log(level):
+            return
         params: JsonObject = {"level": level, "logger": "acp_bridge"}
         if session is not None:
             params["sessionId"] = session.bridge_id
@@ -1222,6 +1238,7 @@ class Bridge:
             if not isinstance(level, str) or level not in _LEVEL_RANK:
                 raise JsonRpcError.invalid_params(f"level: expected one of {', '.join(LOG_LEVELS)}")
             client.log_level = level
+            client.extensions = True
             await client.send(dumps(result_msg(msg["id"], {})))
         elif method == "_acp_bridge/status":
             await client.send(dumps(result_msg(msg["id"], self.status())))
@@ -1251,9 +1268,21 @@ class Bridge:
         requested = params.get("protocolVersion")
         if type(requested) is not int:
             raise JsonRpcError.invalid_params("protocolVersion: expected an integer")
+        ours = _bridge_meta(params)
+        log_level = ours.get("log")
+        if log_level is not None and (
+            not isinstance(log_level, str) or log_level not in _LEVEL_RANK
+        ):
+            raise JsonRpcError.invalid_params(
+                f"_meta.acp_bridge.log: expected one of {', '.join(LOG_LEVELS)}"
+            )
         caps = params.get("clientCapabilities")
         client.capabilities = caps if isinstance(caps, dict) else {}
-        client.want_seq = _bridge_meta(params).get("seq") is True
+        client.want_seq = ours.get("seq") is True
+        client.log_level = log_level
+        # Any _meta.acp_bridge marks a client written for the bridge (ours add one).
+        meta = params.get("_meta")
+        client.extensions = isinstance(meta, dict) and isinstance(meta.get("acp_bridge"), dict)
         self._client_capabilities = client.capabilities
         default = self.agents[self.default_agent]
         try:
@@ -1928,7 +1957,7 @@ class Bridge:
         be answered, so the client is told with a ``_acp_bridge/log`` warning instead.
         """
         self.log.warning("notification_not_delivered", agent=agent.name, method=method)
-        if _LEVEL_RANK["warning"] < _LEVEL_RANK[client.log_level]:
+        if not client.wants_log("warning"):
             return
         why = "is not running" if agent.state is not AgentState.READY else "has a full queue"
         params: JsonObject = {"level": "warning", "logger": "acp_bridge"}
@@ -2302,11 +2331,10 @@ class Bridge:
             data["stream"] = stream
         params["data"] = data
         line = dumps(notification_msg("_acp_bridge/log", params))
-        rank = _LEVEL_RANK.get(level, 1)
         owners = {s.client for s in sessions if s.client is not None}
         targets = owners if sessions else {c for c in self.clients if c.initialized}
         for client in targets:
-            if rank >= _LEVEL_RANK[client.log_level]:
+            if client.wants_log(level):
                 client.offer(line)
 
     def _log_budget(self, agent: AgentLink) -> bool:

@@ -75,6 +75,9 @@ class _MiniClient:
         if msg["method"] == "session/update":
             self._show_update(params.get("update") or {})
             return
+        if msg["method"] == "_acp_bridge/log":
+            self._show_log(params)
+            return
         if "id" not in msg:
             return
         answer = self._answer(msg["method"], params)
@@ -94,6 +97,11 @@ class _MiniClient:
         elif kind == "plan":
             entries = update.get("entries") or []
             self.err.write("[plan] " + "; ".join(str(e.get("content")) for e in entries) + "\n")
+
+    def _show_log(self, params: JsonObject) -> None:
+        data = params.get("data") or {}
+        source = f"agent {data['agent']}" if data.get("agent") else "bridge"
+        self.err.write(f"[{params.get('level')}] {source}: {data.get('message')}\n")
 
     def _answer(self, method: str, params: JsonObject) -> JsonObject:
         if method == "session/request_permission":
@@ -126,10 +134,14 @@ async def run_prompt(
     agent: str | None = None,
     cwd: str | None = None,
     approve: bool = False,
+    log_level: str = "warning",
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> str:
-    """Run one prompt turn through a bridge; returns the stop reason."""
+    """
+    Run one prompt turn through a bridge; returns the stop reason. Diagnostics (agent stderr,
+    the bridge's warnings) of ``log_level`` and up are shown on ``err``.
+    """
     client_side, bridge_side = trio.testing.memory_stream_pair()
     session_cwd = os.path.abspath(cwd or os.getcwd())  # noqa: ASYNC240 (no I/O: string work)
     stop_reason = ""
@@ -146,6 +158,7 @@ async def run_prompt(
                     "protocolVersion": 1,
                     "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}},
                     "clientInfo": {"name": "acp-bridge-prompt"},
+                    "_meta": {"acp_bridge": {"log": log_level}},
                 },
             )
             params: JsonObject = {"cwd": session_cwd, "mcpServers": []}

@@ -334,10 +334,19 @@ class TestClient:
     async def notify(self, method: str, params: Any) -> None:
         await self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
-    async def initialize(self, *, seq: bool = False, **caps: Any) -> Any:
+    async def initialize(self, *, seq: bool = False, log: str | None = "info", **caps: Any) -> Any:
+        """
+        Initialize as a client that knows the bridge's extensions: it asks for
+        ``_acp_bridge/log`` at ``log`` (``log=None`` and no ``seq``: a stock client).
+        """
         params: dict[str, Any] = {"protocolVersion": 1, "clientCapabilities": caps or {}}
+        ours: dict[str, Any] = {}
         if seq:
-            params["_meta"] = {"acp_bridge": {"seq": True}}
+            ours["seq"] = True
+        if log is not None:
+            ours["log"] = log
+        if ours:
+            params["_meta"] = {"acp_bridge": ours}
         return await self.call("initialize", params)
 
     async def new_session(self, agent: str | None = None, **extra: Any) -> str:
@@ -413,6 +422,7 @@ async def open_bridge(
     agents: dict[str, FakeAgent],
     *,
     initialize: bool = True,
+    log: str | None = "info",
     agent_client_capabilities: dict[str, Any] | None = None,
     policy: Any = None,
     audit: Any = None,
@@ -437,13 +447,18 @@ async def open_bridge(
         client = TestClient(client_side)
         nursery.start_soon(client.read_loop)
         if initialize:
-            await client.initialize(fs={"readTextFile": True, "writeTextFile": True})
+            await client.initialize(log=log, fs={"readTextFile": True, "writeTextFile": True})
         yield client, b
         nursery.cancel_scope.cancel()
 
 
 async def connect(
-    bridge: Bridge, nursery: trio.Nursery, *, seq: bool = False, name: str = "client"
+    bridge: Bridge,
+    nursery: trio.Nursery,
+    *,
+    seq: bool = False,
+    log: str | None = "info",
+    name: str = "client",
 ) -> TestClient:
     """Another client connection to a running bridge (initialized)."""
     client_side, bridge_side = trio.testing.memory_stream_pair()
@@ -454,5 +469,5 @@ async def connect(
     )
     client = TestClient(client_side)
     nursery.start_soon(client.read_loop)
-    await client.initialize(seq=seq, fs={"readTextFile": True, "writeTextFile": True})
+    await client.initialize(seq=seq, log=log, fs={"readTextFile": True, "writeTextFile": True})
     return client

@@ -403,7 +403,9 @@ class Approvals:
             client.pending.pop(client_id)
             session.pending_permissions.discard(client_id)
             self._remember_settled(client, client_id)
-            if source != "client":
+            # (Only to a client that knows the bridge's extensions: a stock one reports
+            # every unknown notification as an error.)
+            if source != "client" and client.extensions:
                 await client.send(
                     dumps(
                         notification(

@@ -275,7 +275,10 @@ class AttachCore:
         params: JsonObject = raw if isinstance(raw, dict) else {}
         changed = False
         if method == "initialize" and (raw is None or isinstance(raw, dict)):
-            params = _with_bridge_meta(params, seq=True)
+            # The shim relays the bridge's diagnostics, so it asks for them (at info, unless
+            # the editor asked for a level itself).
+            level = _bridge_meta(params).get("log")
+            params = _with_bridge_meta(params, seq=True, log=level if level is not None else "info")
             msg["params"] = params
             self._init_params = params
             changed = True

@@ -136,7 +136,32 @@ _SESSION_METHODS: Final[dict[str, Callable[[JsonObject], bool] | None]] = {
     "session/close": lambda caps: _has_session_cap(caps, "close"),
     "session/delete": lambda caps: _has_session_cap(caps, "delete"),
     "session/fork": lambda caps: _has_session_cap(caps, "fork"),
+    # v1 unstable (SDK 2.4.0 schema)
+    "session/set_title": lambda caps: _has_session_cap(caps, "title"),
+    "session/status": lambda caps: _has_session_cap(caps, "status"),
+    "session/archive": lambda caps: _has_session_cap(caps, "archive"),
+    "session/unarchive": lambda caps: _has_session_cap(caps, "archive"),
 }
+
+#: Session methods that look at a session without joining it (the spec: ``session/status``
+#: does not attach the requesting connection; any listed session may be retitled): they
+#: neither take a session nor are refused for one another connection holds.
+_LOOK_ONLY_METHODS: Final = frozenset({"session/status", "session/set_title"})
+
+#: Client → agent connection-scoped methods (no session): they go to the agent named in
+#: ``_meta.acp_bridge.agent``, else the default one, gated on its capability.
+_CONNECTION_METHODS: Final[dict[str, Callable[[JsonObject], bool]]] = {
+    "logout": lambda caps: _has_cap(caps, "auth", "logout"),
+    "auth/status": lambda caps: _has_cap(caps, "auth", "status"),
+    "providers/list": lambda caps: caps.get("providers") is not None,
+    "providers/set": lambda caps: caps.get("providers") is not None,
+    "providers/disable": lambda caps: caps.get("providers") is not None,
+}
+
+
+def _has_cap(caps: JsonObject, group: str, name: str) -> bool:
+    inner = caps.get(group)
+    return isinstance(inner, dict) and inner.get(name) is not None
 
 
 def _has_session_cap(caps: JsonObject, name: str) -> bool:
@@ -517,7 +542,12 @@ class Bridge:
         session: Session | None = None,
         **data: Any,
     ) -> None:
-        """A ``_acp_bridge/log`` notification (shaped after ACP RFD #392) to one client."""
+        """
+        A ``_acp_bridge/log`` notification (shaped after ACP RFD #392) to one client, if it
+        asked for this level.
+        """
+        if not client.wants_log(level):
+            return
         params: JsonObject = {"level": level, "logger": "acp_bridge"}
         if session is not None:
             params["sessionId"] = session.bridge_id
@@ -642,13 +672,16 @@ class Bridge:
             await self._session_new(client, msg, params)
         elif method == "session/list":
             self._spawn(self._session_list, client, msg, params)
-        elif method in ("authenticate", "logout"):
+        elif method == "authenticate":
             await self._auth_request(client, msg, params)
+        elif method in _CONNECTION_METHODS:
+            await self._connection_request(client, msg, params)
         elif method == "_acp_bridge/set_log_level":
             level = params.get("level")
             if not isinstance(level, str) or level not in _LEVEL_RANK:
                 raise JsonRpcError.invalid_params(f"level: expected one of {', '.join(LOG_LEVELS)}")
             client.log_level = level
+            client.extensions = True
             await client.send(dumps(result_msg(msg["id"], {})))
         elif method == "_acp_bridge/status":
             await client.send(dumps(result_msg(msg["id"], self.status())))
@@ -664,16 +697,35 @@ class Bridge:
                     )
                 )
             )
-        elif method.startswith("_") and isinstance(params.get("sessionId"), str):
+        elif isinstance(params.get("sessionId"), str) and (
+            method.startswith("_") or self.sessions.get(params["sessionId"]) is not None
+        ):
+            # What the bridge does not know goes to the session's agent, which answers it
+            # (its own -32601 when it does not know it either).
             await self._session_request(client, msg, params)
         else:
             raise JsonRpcError.method_not_found(method)
 
     async def _initialize(self, client: ClientLink, msg: JsonObject) -> None:
         params = params_of(msg)
+        requested = params.get("protocolVersion")
+        if type(requested) is not int:
+            raise JsonRpcError.invalid_params("protocolVersion: expected an integer")
+        ours = _bridge_meta(params)
+        log_level = ours.get("log")
+        if log_level is not None and (
+            not isinstance(log_level, str) or log_level not in _LEVEL_RANK
+        ):
+            raise JsonRpcError.invalid_params(
+                f"_meta.acp_bridge.log: expected one of {', '.join(LOG_LEVELS)}"
+            )
         caps = params.get("clientCapabilities")
         client.capabilities = caps if isinstance(caps, dict) else {}
-        client.want_seq = _bridge_meta(params).get("seq") is True
+        client.want_seq = ours.get("seq") is True
+        client.log_level = log_level
+        # Any _meta.acp_bridge marks a client written for the bridge (ours add one).
+        meta = params.get("_meta")
+        client.extensions = isinstance(meta, dict) and isinstance(meta.get("acp_bridge"), dict)
         self._client_capabilities = client.capabilities
         default = self.agents[self.default_agent]
         try:
@@ -682,10 +734,9 @@ class Bridge:
             await self._reply_error(client, msg["id"], exc)
             return
         client.initialized = True
-        requested = params.get("protocolVersion")
+        # The only version the bridge speaks (the spec: the requested one when supported,
+        # else the latest supported; 0 is no version at all).
         version = PROTOCOL_VERSION
-        if type(requested) is int and 0 <= requested < PROTOCOL_VERSION:
-            version = requested
         caps_out = self._advertised_capabilities(default)
         answer: JsonObject = {
             "protocolVersion": version,
@@ -819,7 +870,7 @@ class Bridge:
             return
         if elsewhere:  # a load or resume that the bridge cannot serve as a takeover
             raise _attached_elsewhere(sid)
-        if owner is None and live:
+        if owner is None and live and method not in _LOOK_ONLY_METHODS:
             await self._attach(session, client)
         if agent.state is not AgentState.READY:
             if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
@@ -869,7 +920,7 @@ class Bridge:
                 session.client = client
                 await self._forward(client, msg, agent, session, previous)
                 return
-        if session.client is None:
+        if session.client is None and method not in _LOOK_ONLY_METHODS:
             session.client = client
         if session.rewrite:
             params["sessionId"] = session.agent_id
@@ -1221,7 +1272,7 @@ class Bridge:
 
     async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         name = _agent_selector(params)
-        if name is None and msg["method"] == "authenticate":
+        if name is None:
             method_id = params.get("methodId")
             for candidate in (self.agents[self.default_agent], *self.agents.values()):
                 if candidate.state is AgentState.READY and any(
@@ -1232,12 +1283,42 @@ class Bridge:
         agent = self.agents.get(name or self.default_agent)
         if agent is None:
             raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
-        if msg["method"] == "logout":
-            auth = agent.capabilities.get("auth")
-            if not (isinstance(auth, dict) and auth.get("logout") is not None):
-                raise JsonRpcError.method_not_found("logout", f"agent {agent.name!r} has no logout")
         if agent.state is not AgentState.READY:
             raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is {agent.state.value}")
+        await self._forward(client, msg, agent, None)
+
+    async def _connection_request(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject
+    ) -> None:
+        """``logout``, ``auth/status``, ``providers/*``: to the named (or default) agent."""
+        name = _agent_selector(params) or self.default_agent
+        agent = self.agents.get(name)
+        if agent is None:
+            raise JsonRpcError.invalid_params(
+                f"unknown agent {name!r}; configured: {', '.join(self.agents)}"
+            )
+        if agent.state is AgentState.READY:
+            await self._forward_connection_request(client, msg, agent)
+        else:
+            self._spawn(self._connection_request_when_ready, client, msg, agent)
+
+    async def _connection_request_when_ready(
+        self, client: ClientLink, msg: JsonObject, agent: AgentLink
+    ) -> None:
+        try:
+            await self.ensure_ready(agent)
+            await self._forward_connection_request(client, msg, agent)
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
+
+    async def _forward_connection_request(
+        self, client: ClientLink, msg: JsonObject, agent: AgentLink
+    ) -> None:
+        method: str = msg["method"]
+        if not _CONNECTION_METHODS[method](agent.capabilities):
+            raise JsonRpcError.method_not_found(
+                method, f"agent {agent.name!r} does not support {method}"
+            )
         await self._forward(client, msg, agent, None)
 
     async def _session_list(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
@@ -1350,7 +1431,7 @@ class Bridge:
         be answered, so the client is told with a ``_acp_bridge/log`` warning instead.
         """
         self.log.warning("notification_not_delivered", agent=agent.name, method=method)
-        if _LEVEL_RANK["warning"] < _LEVEL_RANK[client.log_level]:
+        if not client.wants_log("warning"):
             return
         why = "is not running" if agent.state is not AgentState.READY else "has a full queue"
         params: JsonObject = {"level": "warning", "logger": "acp_bridge"}
@@ -1728,11 +1809,10 @@ class Bridge:
             data["stream"] = stream
         params["data"] = data
         line = dumps(notification_msg("_acp_bridge/log", params))
-        rank = _LEVEL_RANK.get(level, 1)
         owners = {s.client for s in sessions if s.client is not None}
         targets = owners if sessions else {c for c in self.clients if c.initialized}
         for client in targets:
-            if rank >= _LEVEL_RANK[client.log_level]:
+            if client.wants_log(level):
                 client.offer(line)
 
     def _log_budget(self, agent: AgentLink) -> bool:
@@ -2369,6 +2449,12 @@ class Bridge:
         elif method in ("session/close", "session/delete") and session is not None and ok:
             self.sessions.remove(session)
             self._forget(session, delete=method == "session/delete")
+        elif method == "session/archive" and session is not None and ok:
+            # The agent closed it (the spec: as session/close would) but keeps it: the bridge
+            # keeps its id routable (unarchive, load) like a listed session, attached to none.
+            self._forget(session)
+            session.state = SessionState.LISTED
+            session.client = None
         return early
 
     def _take_early_updates(self, agent: AgentLink, session: Session) -> list[bytes]:

@@ -40,10 +40,8 @@ def _add_agent_source(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_logging(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+def _add_logging(parser: argparse.ArgumentParser, *, level: str = "info") -> None:
+    parser.add_argument("--log-level", default=level, choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="auto", choices=["auto", "console", "json"])
     parser.add_argument("--log-file", metavar="FILE", help="write logs here instead of stderr")
 
@@ -80,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument(
         "--yes", action="store_true", help="allow the agent's permission requests (default: deny)"
     )
-    _add_logging(prompt)
+    # A person reads its output: warnings and up unless asked (agent diagnostics of that
+    # level are shown readably, the bridge's own log lines only from that level on).
+    _add_logging(prompt, level="warning")
 
     demo = sub.add_parser(
         "demo-agent", help="run the bundled scripted demo agent on stdin/stdout", add_help=False
@@ -313,6 +313,7 @@ def _run(
                 cwd=args.cwd,
                 approve=args.yes,
                 redactor=redactor,
+                log_level=args.log_level,
             )
         )
         print(f"[stop reason: {stop}]", file=sys.stderr)

@@ -20,7 +20,7 @@ import trio
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
 from acp_bridge._agent import StderrRing
-from acp_bridge._diagnostics import LOG_BURST
+from acp_bridge._diagnostics import LEVEL_RANK, LOG_BURST
 from acp_bridge._routing import Forwarded, PendingTable
 
 if TYPE_CHECKING:
@@ -148,14 +148,25 @@ class ClientLink:
         self.initialized = False
         #: opted in to ``_meta.acp_bridge.seq`` on every relayed session/update
         self.want_seq = False
-        #: the least severe ``_acp_bridge/log`` it wants (``_acp_bridge/set_log_level``)
-        self.log_level = "info"
+        #: the least severe ``_acp_bridge/log`` it wants: None (the default) sends it none,
+        #: since stock clients report every unknown notification as an error; set by
+        #: ``initialize`` ``_meta.acp_bridge.log`` or ``_acp_bridge/set_log_level``
+        self.log_level: str | None = None
+        #: it knows the bridge's extensions (any ``_meta.acp_bridge`` on its ``initialize``,
+        #: or an ``_acp_bridge/set_log_level``): only then is it sent other ``_acp_bridge/*``
+        #: notifications (``permission_resolved``)
+        self.extensions = False
         self.closed = False
         self.close_reason: str | None = None
         #: set when the link closes (overflow, or the connection ended)
         self.closed_event = trio.Event()
         self._idle: trio.Event | None = None
         self.log = logger.bind(client=name)
+
+    def wants_log(self, level: str) -> bool:
+        """Whether it asked for ``_acp_bridge/log`` notifications of this level."""
+        wanted = self.log_level
+        return wanted is not None and LEVEL_RANK.get(level, 1) >= LEVEL_RANK[wanted]
 
     def done(self, origin_id: JsonRpcId) -> None:
         """A request of this client's was answered."""

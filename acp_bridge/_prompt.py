@@ -76,6 +76,9 @@ class _MiniClient:
         if msg["method"] == "session/update":
             self._show_update(params.get("update") or {})
             return
+        if msg["method"] == "_acp_bridge/log":
+            self._show_log(params)
+            return
         if "id" not in msg:
             return
         answer = self._answer(msg["method"], params)
@@ -95,6 +98,11 @@ class _MiniClient:
         elif kind == "plan":
             entries = update.get("entries") or []
             self.err.write("[plan] " + "; ".join(str(e.get("content")) for e in entries) + "\n")
+
+    def _show_log(self, params: JsonObject) -> None:
+        data = params.get("data") or {}
+        source = f"agent {data['agent']}" if data.get("agent") else "bridge"
+        self.err.write(f"[{params.get('level')}] {source}: {data.get('message')}\n")
 
     def _answer(self, method: str, params: JsonObject) -> JsonObject:
         if method == "session/request_permission":
@@ -127,12 +135,14 @@ async def run_prompt(
     agent: str | None = None,
     cwd: str | None = None,
     approve: bool = False,
+    log_level: str = "warning",
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     redactor: Redactor | None = None,
 ) -> str:
     """
-    Run one prompt turn through a bridge; returns the stop reason.
+    Run one prompt turn through a bridge; returns the stop reason. Diagnostics (agent stderr,
+    the bridge's warnings) of ``log_level`` and up are shown on ``err``.
 
     ``redactor`` becomes the bridge's (pass the one logging was configured with).
     """
@@ -152,6 +162,7 @@ async def run_prompt(
                     "protocolVersion": 1,
                     "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}},
                     "clientInfo": {"name": "acp-bridge-prompt"},
+                    "_meta": {"acp_bridge": {"log": log_level}},
                 },
             )
             params: JsonObject = {"cwd": session_cwd, "mcpServers": []}

@@ -56,8 +56,11 @@ class FakeAgent:
         list_pages: int = 0,
         new_delay: float = 0.0,
         session_id: str | None = None,
+        serves: frozenset[str] = frozenset(),
     ) -> None:
         self.name = name
+        #: other methods it answers, with ``{"method", "params", "agent"}`` (else -32601)
+        self.serves = serves
         self.prefix = prefix
         self.capabilities = (
             capabilities
@@ -189,6 +192,8 @@ class FakeAgent:
             return await self._prompt(params)
         if method.startswith("_"):
             return {"method": method, "params": params}
+        if method in self.serves:
+            return {"method": method, "params": params, "agent": self.name}
         raise _Error(-32601)
 
     def _list(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -332,10 +337,19 @@ class TestClient:
     async def notify(self, method: str, params: Any) -> None:
         await self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
-    async def initialize(self, *, seq: bool = False, **caps: Any) -> Any:
+    async def initialize(self, *, seq: bool = False, log: str | None = "info", **caps: Any) -> Any:
+        """
+        Initialize as a client that knows the bridge's extensions: it asks for
+        ``_acp_bridge/log`` at ``log`` (``log=None`` and no ``seq``: a stock client).
+        """
         params: dict[str, Any] = {"protocolVersion": 1, "clientCapabilities": caps or {}}
+        ours: dict[str, Any] = {}
         if seq:
-            params["_meta"] = {"acp_bridge": {"seq": True}}
+            ours["seq"] = True
+        if log is not None:
+            ours["log"] = log
+        if ours:
+            params["_meta"] = {"acp_bridge": ours}
         return await self.call("initialize", params)
 
     async def new_session(self, agent: str | None = None, **extra: Any) -> str:
@@ -411,6 +425,7 @@ async def open_bridge(
     agents: dict[str, FakeAgent],
     *,
     initialize: bool = True,
+    log: str | None = "info",
     agent_client_capabilities: dict[str, Any] | None = None,
     policy: Any = None,
     audit: Any = None,
@@ -435,13 +450,18 @@ async def open_bridge(
         client = TestClient(client_side)
         nursery.start_soon(client.read_loop)
         if initialize:
-            await client.initialize(fs={"readTextFile": True, "writeTextFile": True})
+            await client.initialize(log=log, fs={"readTextFile": True, "writeTextFile": True})
         yield client, b
         nursery.cancel_scope.cancel()
 
 
 async def connect(
-    bridge: Bridge, nursery: trio.Nursery, *, seq: bool = False, name: str = "client"
+    bridge: Bridge,
+    nursery: trio.Nursery,
+    *,
+    seq: bool = False,
+    log: str | None = "info",
+    name: str = "client",
 ) -> TestClient:
     """Another client connection to a running bridge (initialized)."""
     client_side, bridge_side = trio.testing.memory_stream_pair()
@@ -452,5 +472,5 @@ async def connect(
     )
     client = TestClient(client_side)
     nursery.start_soon(client.read_loop)
-    await client.initialize(seq=seq, fs={"readTextFile": True, "writeTextFile": True})
+    await client.initialize(seq=seq, log=log, fs={"readTextFile": True, "writeTextFile": True})
     return client

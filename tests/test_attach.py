@@ -276,7 +276,10 @@ async def test_relays_a_full_turn_and_closes_cleanly_at_end_of_input():
             )
             assert init["protocolVersion"] == 1
             sent = server.connections[0].received[0]
-            assert sent["params"]["_meta"] == {"zed": {"x": 1}, "acp_bridge": {"seq": True}}
+            assert sent["params"]["_meta"] == {
+                "zed": {"x": 1},
+                "acp_bridge": {"seq": True, "log": "info"},
+            }
             sid = await editor.new_session()
             response = await editor.request(
                 "session/prompt",
@@ -787,7 +790,8 @@ def test_core_reinitializes_and_reloads_with_ids_of_its_own():
     )
     feed(core, {"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/w"}})
     init, new = drain(core)
-    assert init["params"]["_meta"] == {"acp_bridge": {"other": 1, "seq": True}}
+    # It asks for the bridge's diagnostics, which it relays (at info: the editor named none).
+    assert init["params"]["_meta"] == {"acp_bridge": {"other": 1, "seq": True, "log": "info"}}
     assert new["params"]["_meta"] == {"acp_bridge": {"agent": "b"}}
     bridge_says(core, {"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": 1}})
     bridge_says(core, {"jsonrpc": "2.0", "id": 2, "result": {"sessionId": "s1"}})
@@ -819,6 +823,15 @@ def test_core_reinitializes_and_reloads_with_ids_of_its_own():
     assert "resync required" in warning["params"]["data"]["message"]
     assert core.phase is Phase.LIVE
     assert core.sessions["s1"].last_seq == 9
+
+
+def test_core_keeps_the_log_level_the_editor_asked_for():
+    core = AttachCore(nonce="n")
+    core.connection_opened()
+    params = {"protocolVersion": 1, "_meta": {"acp_bridge": {"log": "error"}}}
+    feed(core, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+    (init,) = drain(core)
+    assert init["params"]["_meta"] == {"acp_bridge": {"log": "error", "seq": True}}
 
 
 def test_core_answers_requests_lost_with_their_connection():

@@ -33,6 +33,26 @@ async def test_initialize_newer_version_is_answered_with_1():
         assert result["protocolVersion"] == 1
 
 
+async def test_initialize_with_a_version_the_bridge_lacks_is_answered_with_its_own():
+    """The spec: the requested version when supported, else the latest supported (1)."""
+    async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
+        for requested in (0, -1):
+            result = await client.call("initialize", {"protocolVersion": requested})
+            assert result["protocolVersion"] == 1
+
+
+@pytest.mark.parametrize("version", ["1", 1.5, True, None, [1]])
+async def test_initialize_with_a_version_that_is_no_integer_is_invalid_params(version):
+    async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
+        params = {} if version is None else {"protocolVersion": version}
+        response = await client.request("initialize", params)
+        assert response["error"]["code"] == -32602
+        assert "protocolVersion" in response["error"]["message"]
+        # Not initialized by it.
+        refused = await client.request("session/new", {"cwd": "/w", "mcpServers": []})
+        assert refused["error"]["code"] == -32600
+
+
 async def test_requests_before_initialize_are_refused():
     async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
         response = await client.request("session/new", {"cwd": "/w", "mcpServers": []})
@@ -614,3 +634,119 @@ async def test_elicitation_complete_goes_only_to_the_connection_shown_the_elicit
             assert done["params"] == {"elicitationId": "e1"}
             assert not [m for m in other.received if m.get("method") == "elicitation/complete"]
             nursery.cancel_scope.cancel()
+
+
+#: sessionCapabilities of the v1 unstable session methods (SDK 2.4.0 schema)
+UNSTABLE_SESSION_CAPS = {"title": {}, "status": {}, "archive": {}}
+UNSTABLE_SESSION_METHODS = (
+    ("session/set_title", {"title": "t"}),
+    ("session/status", {}),
+    ("session/archive", {}),
+    ("session/unarchive", {}),
+)
+
+
+async def test_session_methods_the_bridge_does_not_handle_reach_the_sessions_agent():
+    """v1 unstable session methods, other methods and extensions on a known session: routed
+    to its agent (its own id there), answered under the client's own id."""
+    caps = {"sessionCapabilities": UNSTABLE_SESSION_CAPS}
+    answers = frozenset(m for m, _ in UNSTABLE_SESSION_METHODS)
+    a = FakeAgent("a", capabilities=caps)
+    b = FakeAgent("b", capabilities=caps, serves=answers)  # also mints "s1"
+    async with open_bridge({"a": a, "b": b}) as (client, _):
+        await client.new_session()
+        sid = await client.new_session("b")
+        assert sid != "s1"  # rewritten: the bridge must map it back
+        for n, (method, extra) in enumerate(UNSTABLE_SESSION_METHODS):
+            response = await client.request(method, {"sessionId": sid, **extra}, id=f"c-{n}")
+            assert response["id"] == f"c-{n}"
+            assert response["result"]["agent"] == "b"
+            assert response["result"]["params"] == {"sessionId": "s1", **extra}
+        ext = await client.request("_foo/bar", {"sessionId": sid, "x": 1}, id=7)
+        assert ext == {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "result": {"method": "_foo/bar", "params": {"sessionId": "s1", "x": 1}},
+        }
+        # A method neither the bridge nor the agent knows: the agent's own -32601.
+        unknown = await client.request("foo/bar", {"sessionId": sid}, id="u")
+        assert unknown["id"] == "u"
+        assert unknown["error"] == {"code": -32601, "message": "no"}
+        assert [m["method"] for m in b.received if m.get("method") == "foo/bar"] == ["foo/bar"]
+        assert not [m for m in a.received if m.get("method") in ("foo/bar", "_foo/bar")]
+        # An unknown session: -32002 for the session methods, -32601 for the rest.
+        lost = await client.request("session/set_title", {"sessionId": "zz", "title": "t"})
+        assert lost["error"]["code"] == -32002
+        nowhere = await client.request("foo/bar", {"sessionId": "zz"})
+        assert nowhere["error"]["code"] == -32601
+
+
+async def test_unstable_session_methods_are_gated_on_the_agents_capabilities():
+    """Advertised but not implemented: the agent's -32601; not advertised: the bridge's."""
+    answers = frozenset(m for m, _ in UNSTABLE_SESSION_METHODS)
+    a = FakeAgent("a", capabilities={"sessionCapabilities": {"title": {}}})
+    b = FakeAgent("b", capabilities={}, serves=answers)
+    async with open_bridge({"a": a, "b": b}) as (client, _):
+        sid_a = await client.new_session()
+        sid_b = await client.new_session("b")
+        own = await client.request("session/set_title", {"sessionId": sid_a, "title": "t"})
+        assert own["error"] == {"code": -32601, "message": "no"}  # the agent's answer
+        for method, extra in UNSTABLE_SESSION_METHODS:
+            gated = await client.request(method, {"sessionId": sid_b, **extra})
+            assert gated["error"]["code"] == -32601
+            assert "does not support" in gated["error"]["message"]
+        assert not [m for m in b.received if m.get("method") in answers]
+
+
+async def test_session_status_looks_without_taking_the_session():
+    caps = {"sessionCapabilities": UNSTABLE_SESSION_CAPS}
+    a = FakeAgent("a", capabilities=caps, serves=frozenset({"session/status"}))
+    async with open_bridge({"a": a}) as (client, bridge), trio.open_nursery() as nursery:
+        sid = await client.new_session()
+        other = await connect(bridge, nursery, name="other")
+        status = await other.request("session/status", {"sessionId": sid})
+        assert status["result"]["method"] == "session/status"
+        assert bridge.sessions.get(sid).client.name == "stdio"  # still the first one's
+        refused = await other.request("session/archive", {"sessionId": sid})
+        assert refused["error"]["code"] == -32600  # changing it: only its connection
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_archived_session_is_no_longer_live_but_stays_routable():
+    caps = {"loadSession": True, "sessionCapabilities": UNSTABLE_SESSION_CAPS}
+    answers = frozenset({"session/archive", "session/unarchive"})
+    a = FakeAgent("a", capabilities=caps, serves=answers)
+    async with open_bridge({"a": a}) as (client, bridge):
+        sid = await client.new_session()
+        await client.call("session/archive", {"sessionId": sid})
+        session = bridge.sessions.get(sid)
+        assert session.state.value == "listed"
+        assert session.client is None
+        unarchived = await client.call("session/unarchive", {"sessionId": sid})
+        assert unarchived["params"] == {"sessionId": "s1"}
+        # A load goes to the agent again (the bridge does not replay it as live).
+        await client.call("session/load", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+        assert [m["method"] for m in a.received if m.get("method") == "session/load"] == [
+            "session/load"
+        ]
+
+
+async def test_connection_scoped_methods_go_to_the_default_or_the_named_agent():
+    both = frozenset({"logout", "auth/status", "providers/list"})
+    caps = {"auth": {"logout": {}, "status": {}}, "providers": {}}
+    a = FakeAgent("a", capabilities=caps, serves=both)
+    b = FakeAgent("b", capabilities=caps, serves=both)
+    c = FakeAgent("c", capabilities={}, serves=both)
+    async with open_bridge({"a": a, "b": b, "c": c}) as (client, bridge):
+        assert (await client.call("logout", {}))["agent"] == "a"
+        assert bridge.agents["b"].state is AgentState.STOPPED
+        named = {"_meta": {"acp_bridge": {"agent": "b"}}}
+        for method in ("logout", "auth/status", "providers/list"):
+            response = await client.request(method, named, id=f"{method}-1")
+            assert response["id"] == f"{method}-1"
+            assert response["result"]["agent"] == "b"  # started for it
+        gated = await client.request("logout", {"_meta": {"acp_bridge": {"agent": "c"}}})
+        assert gated["error"]["code"] == -32601
+        assert not [m for m in c.received if m.get("method") == "logout"]
+        unknown = await client.request("logout", {"_meta": {"acp_bridge": {"agent": "zz"}}})
+        assert unknown["error"]["code"] == -32602

@@ -23,7 +23,7 @@ from acp_bridge._log import configure_logging
 from acp_bridge._prompt import run_prompt
 from acp_bridge._redact import Redactor
 
-from .fakes import FakeAgent, make_config, open_bridge
+from .fakes import FakeAgent, connect, make_config, open_bridge
 
 
 def logs(client):
@@ -81,6 +81,82 @@ async def test_set_log_level_lets_debug_through_and_refuses_nonsense():
         await client.wait_for(lambda m: "now visible" in str(m))
         bad = await client.request("_acp_bridge/set_log_level", {"level": "loud"})
         assert bad["error"]["code"] == -32602
+
+
+def bridge_notifications(client):
+    return [m for m in client.received if str(m.get("method", "")).startswith("_acp_bridge/")]
+
+
+@pytest.mark.parametrize("log", [None, "info"])
+async def test_a_stock_client_gets_no_bridge_notifications_while_the_agent_talks(log):
+    """No opt-in on initialize: agent stderr, a stray stdout line, a settled permission and a
+    session taken over reach it as nothing but standard ACP (real clients print an error per
+    unknown notification). The same story told to a client that asked: all of it."""
+    agent = FakeAgent("a")
+    agent.stderr = None
+    async with open_bridge({"a": agent}, log=log) as (client, bridge):
+        sid = await client.new_session()
+        answer = await client.prompt(sid, "noise")
+        assert answer["result"]["stopReason"] == "end_turn"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.prompt, sid, "permission")
+            await client.agent_requests.receive()
+            await client.notify("session/cancel", {"sessionId": sid})  # settles it
+        # Another connection takes the session over.
+        async with trio.open_nursery() as nursery:
+            other = await connect(bridge, nursery, log=None, name="other")
+            await other.call("session/resume", {"sessionId": sid, "cwd": "/w"})
+            nursery.cancel_scope.cancel()
+        await client.call("_acp_bridge/agents", {})  # a round trip: stderr was read by now
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.updates(sid)[0] == "a:s1:still-fine"
+        told = [
+            (m["method"], m["params"].get("data", {}).get("message"))
+            for m in bridge_notifications(client)
+        ]
+        if log is None:
+            assert told == []
+        else:
+            assert ("_acp_bridge/log", "ERROR: something broke") in told
+            assert ("_acp_bridge/permission_resolved", None) in told
+            assert told[-1][1].startswith("session taken over by another connection")
+
+
+async def test_an_opted_in_client_gets_logs_from_its_level_up():
+    agent = FakeAgent("a")
+    agent.stderr = None
+    async with open_bridge({"a": agent}, log="warning") as (client, _):
+        sid = await client.new_session()
+        await client.prompt(sid, "noise")
+        await client.call("_acp_bridge/agents", {})
+        await trio.testing.wait_all_tasks_blocked()
+        seen = {p["data"]["message"]: p["level"] for p in logs(client)}
+        assert seen == {
+            "ERROR: something broke": "error",
+            "WARN low disk": "warning",
+            "this is not json (a stray print)": "warning",
+        }
+
+
+async def test_set_log_level_opts_a_stock_client_in():
+    agent = FakeAgent("a")
+    agent.stderr = None
+    async with open_bridge({"a": agent}, log=None) as (client, _):
+        sid = await client.new_session()
+        await client.prompt(sid, "stderr before asking")
+        assert await client.call("_acp_bridge/set_log_level", {"level": "info"}) == {}
+        await client.prompt(sid, "stderr after asking")
+        await client.wait_for(lambda m: "after asking" in str(m))
+        assert [p["data"]["message"] for p in logs(client)] == ["after asking"]
+
+
+@pytest.mark.parametrize("level", ["loud", 3, True, ["info"]])
+async def test_initialize_refuses_a_log_level_that_is_none(level):
+    async with open_bridge({"a": FakeAgent("a")}, initialize=False) as (client, _):
+        params = {"protocolVersion": 1, "_meta": {"acp_bridge": {"log": level}}}
+        response = await client.request("initialize", params)
+        assert response["error"]["code"] == -32602
+        assert "_meta.acp_bridge.log" in response["error"]["message"]
 
 
 async def test_a_stderr_flood_is_rate_limited_and_summarized(autojump_clock):
@@ -252,3 +328,22 @@ async def test_the_prompt_command_gives_its_redactor_to_the_bridge(tmp_path):
         )
     assert stop == "end_turn"
     assert redactor.redact(secret) == "***"
+
+
+async def test_prompt_shows_the_diagnostics_it_asked_for_readably():
+    """`acp-bridge prompt` asks for `_acp_bridge/log` at its --log-level and prints each one
+    as a line for a person (its own JSON log lines start at warning: see test_e2e)."""
+    from acp_bridge._prompt import _MiniClient
+
+    err = io.StringIO()
+    client_side, _ = trio.testing.memory_stream_pair()
+    mini = _MiniClient(client_side, client_side, out=io.StringIO(), err=err, approve=False)
+    line = {"message": "ERROR: boom", "agent": "demo", "stream": "stderr"}
+    await mini._handle(
+        {
+            "jsonrpc": "2.0",
+            "method": "_acp_bridge/log",
+            "params": {"level": "error", "logger": "agent.demo", "data": line},
+        }
+    )
+    assert err.getvalue() == "[error] agent demo: ERROR: boom\n"

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,6 +208,31 @@ async def test_stdout_carries_protocol_only_even_when_the_agent_cannot_start():
     assert msg["id"] == 1
     assert "cannot start agent 'x'" in msg["error"]["message"]
     assert b"agent_start_failed" in result.stderr
+
+
+async def test_prompt_prints_the_reply_and_no_log_lines_on_a_plain_run(tmp_path):
+    """`acp-bridge prompt` is read by a person: no JSON log lines unless --log-level asks."""
+    config = Path(__file__).parent.parent / "configs" / "default.toml"
+    env = dict(os.environ)
+    # The default config runs `acp-bridge demo-agent`: this installation's.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    argv = [sys.executable, "-m", "acp_bridge", "prompt", "hello", "--config", str(config)]
+    with trio.fail_after(60):
+        plain = await trio.run_process(
+            argv, cwd=tmp_path, env=env, capture_stdout=True, capture_stderr=True
+        )
+        chatty = await trio.run_process(
+            [*argv, "--log-level", "info", "--log-format", "json"],
+            cwd=tmp_path,
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+    assert b"hello" in plain.stdout
+    stderr = plain.stderr.decode()
+    assert "[stop reason: end_turn]" in stderr
+    assert not [line for line in stderr.splitlines() if line.lstrip().startswith("{")], stderr
+    assert b'"event": "agent_ready"' in chatty.stderr
 
 
 def rss_kib(pid: int) -> int:

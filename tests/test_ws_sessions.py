@@ -77,9 +77,12 @@ async def test_resume_over_websocket_takes_over_and_the_first_is_told():
     with trio.fail_after(TIMEOUT):
         async with (
             open_server({"a": agent}) as server,
-            open_peer(server.port) as first,
+            open_peer(server.port, initialize=False) as first,
             open_peer(server.port) as second,
         ):
+            # (It asks for the bridge's diagnostics: a stock client is told nothing extra.)
+            init = {"protocolVersion": 1, "_meta": {"acp_bridge": {"log": "info"}}}
+            assert "result" in await first.request("initialize", init)
             sid = (await first.request("session/new", NEW_SESSION))["result"]["sessionId"]
             reply = await second.request("session/resume", {**NEW_SESSION, "sessionId": sid})
             assert "result" in reply

@@ -551,4 +551,12 @@ def _record_for(
     )
 
 
-__all__ = ["Approvals", "Ask", "Decision"]
+def park(entry: Forwarded) -> None:
+    """A request waiting on a client that went away waits for the next one."""
+    if isinstance(entry.extra, Ask):
+        entry.extra.shown = None
+    if entry.session is not None:
+        entry.session.parked.append(entry)
+
+
+__all__ = ["Approvals", "Ask", "Decision", "park"]

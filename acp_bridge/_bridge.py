@@ -22,13 +22,10 @@ Backpressure:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import collections
 import functools
 from typing import TYPE_CHECKING, Any, Final
 
-import attrs
 import structlog
 import trio
 
@@ -41,9 +38,19 @@ from acp_bridge._agent import (
     Launcher,
     StderrRing,
 )
-from acp_bridge._approvals import Approvals, Ask
+from acp_bridge._approvals import Approvals, Ask, park
 from acp_bridge._audit import AuditLog
 from acp_bridge._backoff import CrashLoop, Restarts
+from acp_bridge._capabilities import (
+    CLIENT_METHOD_GATES,
+    CONNECTION_METHODS,
+    CONTAINED_PATHS,
+    LOOK_ONLY_METHODS,
+    SESSION_METHODS,
+    agent_selector,
+    check_prompt_content,
+    has_session_cap,
+)
 from acp_bridge._containment import PathRefused, contain
 from acp_bridge._diagnostics import LEVEL_RANK as _LEVEL_RANK
 from acp_bridge._diagnostics import LOG_BURST, LOG_LEVELS, LOG_RATE, guess_level
@@ -77,13 +84,30 @@ from acp_bridge._links import (
 )
 from acp_bridge._redact import Redactor
 from acp_bridge._routing import (
+    HELD_RESPONSES_MAX,
+    SETUP_UPDATES,
     Forwarded,
     History,
     Session,
     SessionState,
     SessionTable,
+    Setup,
+    capture_setup,
+    roots_of,
+    track_setup,
 )
 from acp_bridge._store import AuditRecord
+from acp_bridge._wire import (
+    PROTOCOL_VERSION,
+    attached_elsewhere,
+    bridge_meta,
+    decode_cursor,
+    encode_cursor,
+    id_of,
+    is_id,
+    set_seq,
+    well_formed_error,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,7 +117,6 @@ if TYPE_CHECKING:
 
 logger = structlog.get_logger("acp_bridge.bridge")
 
-PROTOCOL_VERSION: Final = 1
 #: how long to wait for an exited agent's status before failing its requests without it
 EXIT_STATUS_WAIT: Final = 0.25
 #: updates held for a session id the bridge does not know yet (agent sent them before its
@@ -101,8 +124,6 @@ EXIT_STATUS_WAIT: Final = 0.25
 EARLY_UPDATES_MAX: Final = 64
 #: URL elicitations remembered per agent, to route their completion (oldest forgotten)
 ELICITATIONS_MAX: Final = 1024
-#: answers kept for a detached session until a connection takes it back (more are dropped)
-HELD_RESPONSES_MAX: Final = 256
 READ_CHUNK: Final = 64 * 1024
 #: Agents' readers share a budget of lines per scheduler round: each reader with lines to
 #: handle lets the other tasks run after its share (``READ_ROUND_LINES`` over the readers
@@ -112,86 +133,6 @@ READ_CHUNK: Final = 64 * 1024
 #: about the same work.
 READ_ROUND_LINES: Final = 128
 READER_TURN_MIN: Final = 4
-
-#: Methods an agent may call on the client, and the client capability each needs.
-_CLIENT_METHOD_GATES: Final[dict[str, Callable[[JsonObject], bool]]] = {
-    "fs/read_text_file": lambda c: bool((c.get("fs") or {}).get("readTextFile")),
-    "fs/write_text_file": lambda c: bool((c.get("fs") or {}).get("writeTextFile")),
-    "terminal/create": lambda c: bool(c.get("terminal")),
-    "terminal/output": lambda c: bool(c.get("terminal")),
-    "terminal/wait_for_exit": lambda c: bool(c.get("terminal")),
-    "terminal/kill": lambda c: bool(c.get("terminal")),
-    "terminal/release": lambda c: bool(c.get("terminal")),
-    "elicitation/create": lambda c: isinstance(c.get("elicitation"), dict),
-    "session/request_permission": lambda c: True,
-}
-
-#: Client → agent session-scoped methods, with the agent capability each needs (None: baseline).
-_SESSION_METHODS: Final[dict[str, Callable[[JsonObject], bool] | None]] = {
-    "session/prompt": None,
-    "session/set_mode": None,
-    "session/set_config_option": None,
-    "session/load": lambda caps: bool(caps.get("loadSession")),
-    "session/resume": lambda caps: _has_session_cap(caps, "resume"),
-    "session/close": lambda caps: _has_session_cap(caps, "close"),
-    "session/delete": lambda caps: _has_session_cap(caps, "delete"),
-    "session/fork": lambda caps: _has_session_cap(caps, "fork"),
-    # v1 unstable (SDK 2.4.0 schema)
-    "session/set_title": lambda caps: _has_session_cap(caps, "title"),
-    "session/status": lambda caps: _has_session_cap(caps, "status"),
-    "session/archive": lambda caps: _has_session_cap(caps, "archive"),
-    "session/unarchive": lambda caps: _has_session_cap(caps, "archive"),
-}
-
-#: Session methods that look at a session without joining it (the spec: ``session/status``
-#: does not attach the requesting connection; any listed session may be retitled): they
-#: neither take a session nor are refused for one another connection holds.
-_LOOK_ONLY_METHODS: Final = frozenset({"session/status", "session/set_title"})
-
-#: Client → agent connection-scoped methods (no session): they go to the agent named in
-#: ``_meta.acp_bridge.agent``, else the default one, gated on its capability.
-_CONNECTION_METHODS: Final[dict[str, Callable[[JsonObject], bool]]] = {
-    "logout": lambda caps: _has_cap(caps, "auth", "logout"),
-    "auth/status": lambda caps: _has_cap(caps, "auth", "status"),
-    "providers/list": lambda caps: caps.get("providers") is not None,
-    "providers/set": lambda caps: caps.get("providers") is not None,
-    "providers/disable": lambda caps: caps.get("providers") is not None,
-}
-
-
-def _has_cap(caps: JsonObject, group: str, name: str) -> bool:
-    inner = caps.get(group)
-    return isinstance(inner, dict) and inner.get(name) is not None
-
-
-def _has_session_cap(caps: JsonObject, name: str) -> bool:
-    session_caps = caps.get("sessionCapabilities")
-    return isinstance(session_caps, dict) and session_caps.get(name) is not None
-
-
-def _agent_selector(params: JsonObject) -> str | None:
-    agent = _bridge_meta(params).get("agent")
-    return agent if isinstance(agent, str) else None
-
-
-def _encode_cursor(agent_index: int, cursor: str | None) -> str:
-    raw = dumps({"a": agent_index, "c": cursor}).rstrip(b"\n")
-    return base64.urlsafe_b64encode(raw).decode("ascii")
-
-
-def _decode_cursor(cursor: object) -> tuple[int, str | None]:
-    if not isinstance(cursor, str):
-        raise JsonRpcError.invalid_params("cursor must be a string")
-    try:
-        value = loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
-    except (binascii.Error, ValueError, JsonRpcError):
-        raise JsonRpcError.invalid_params("unknown cursor") from None
-    if not isinstance(value, dict):
-        raise JsonRpcError.invalid_params("unknown cursor")
-    index, inner = value.get("a"), value.get("c")
-    if type(index) is not int or index < 0 or not (inner is None or isinstance(inner, str)):
-        raise JsonRpcError.invalid_params("unknown cursor")
-    return index, inner
 
 
 class Bridge:
@@ -376,7 +317,7 @@ class Bridge:
             assert isinstance(agent, AgentLink)
             agent.inflight.pop(entry.origin_id, None)
             if entry.session is not None and entry.session.client is client:
-                _park(entry)
+                park(entry)
             else:
                 await self._answer_unattended(entry, "client_gone")
         # The client's own requests stay out at the agents: their answers go to whoever
@@ -422,7 +363,7 @@ class Bridge:
         )
         if agent.state is AgentState.READY and ours and not self.stopping:
             # (Stopping: the agents go with the bridge; nothing more is started.)
-            if _has_session_cap(agent.capabilities, "close"):
+            if has_session_cap(agent.capabilities, "close"):
                 self._spawn(self._close_quietly, agent, session.agent_id)
             else:
                 agent.send_nowait(
@@ -484,7 +425,7 @@ class Bridge:
             # Its unanswered requests of the agent move with the session.
             for client_id, shown in previous.pending.find(lambda e: e.session is session):
                 previous.pending.pop(client_id)
-                _park(shown)
+                park(shown)
             return previous, moved
         return None, []
 
@@ -652,7 +593,7 @@ class Bridge:
                 client, None, JsonRpcError.invalid_request("batches are not supported")
             )
         else:
-            await self._reply_error(client, _id_of(msg), JsonRpcError.invalid_request())
+            await self._reply_error(client, id_of(msg), JsonRpcError.invalid_request())
 
     async def _reply_error(self, client: ClientLink, id_: JsonRpcId, exc: JsonRpcError) -> None:
         self.counters[f"error:{exc.code}"] += 1
@@ -666,7 +607,7 @@ class Bridge:
         if not client.initialized:
             raise JsonRpcError.invalid_request("the first request must be initialize")
         params = params_of(msg)
-        if method in _SESSION_METHODS:
+        if method in SESSION_METHODS:
             await self._session_request(client, msg, params)
         elif method == "session/new":
             await self._session_new(client, msg, params)
@@ -674,7 +615,7 @@ class Bridge:
             self._spawn(self._session_list, client, msg, params)
         elif method == "authenticate":
             await self._auth_request(client, msg, params)
-        elif method in _CONNECTION_METHODS:
+        elif method in CONNECTION_METHODS:
             await self._connection_request(client, msg, params)
         elif method == "_acp_bridge/set_log_level":
             level = params.get("level")
@@ -711,7 +652,7 @@ class Bridge:
         requested = params.get("protocolVersion")
         if type(requested) is not int:
             raise JsonRpcError.invalid_params("protocolVersion: expected an integer")
-        ours = _bridge_meta(params)
+        ours = bridge_meta(params)
         log_level = ours.get("log")
         if log_level is not None and (
             not isinstance(log_level, str) or log_level not in _LEVEL_RANK
@@ -768,13 +709,13 @@ class Bridge:
         session_caps["resume"] = {}
         session_caps["close"] = {}
         session_caps["delete"] = {}
-        if any(_has_session_cap(a.capabilities, "list") for a in self.agents.values()):
+        if any(has_session_cap(a.capabilities, "list") for a in self.agents.values()):
             session_caps["list"] = {}
         caps["sessionCapabilities"] = session_caps
         return caps
 
     async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
-        name = _agent_selector(params) or self.default_agent
+        name = agent_selector(params) or self.default_agent
         agent = self.agents.get(name)
         if agent is None:
             raise JsonRpcError.invalid_params(
@@ -800,15 +741,13 @@ class Bridge:
         self.redactor.add_mcp_servers(params.get("mcpServers"))
         self._strip_unsupported_setup(agent, params)
         agent.new_in_flight += 1
-        setup = _Setup(_roots_of(params), _bridge_meta(params).get("unattended") is True)
+        setup = Setup(roots_of(params), bridge_meta(params).get("unattended") is True)
         await self._forward(client, msg, agent, None, setup)
 
     def _strip_unsupported_setup(self, agent: AgentLink, params: JsonObject) -> None:
         """Drop what the agent did not advertise it can take (additionalDirectories, MCP kinds)."""
         caps = agent.capabilities
-        if "additionalDirectories" in params and not _has_session_cap(
-            caps, "additionalDirectories"
-        ):
+        if "additionalDirectories" in params and not has_session_cap(caps, "additionalDirectories"):
             del params["additionalDirectories"]
             self.log.warning("stripped_additional_directories", agent=agent.name)
         servers = params.get("mcpServers")
@@ -849,7 +788,7 @@ class Bridge:
         if elsewhere and method not in ("session/load", "session/resume"):
             # Only the owner acts on a session (close and delete above all: the bridge serves
             # them itself for most agents); another connection must take it over first.
-            raise _attached_elsewhere(sid)
+            raise attached_elsewhere(sid)
         agent = self.agents[session.agent]
         if session.state is SessionState.STORED:
             await self._stored_request(client, msg, params, session, agent)
@@ -864,13 +803,13 @@ class Bridge:
         if (
             live
             and method in ("session/close", "session/delete")
-            and not _has_session_cap(agent.capabilities, method.removeprefix("session/"))
+            and not has_session_cap(agent.capabilities, method.removeprefix("session/"))
         ):
             await self._close_without_agent(client, msg, session, agent)
             return
         if elsewhere:  # a load or resume that the bridge cannot serve as a takeover
-            raise _attached_elsewhere(sid)
-        if owner is None and live and method not in _LOOK_ONLY_METHODS:
+            raise attached_elsewhere(sid)
+        if owner is None and live and method not in LOOK_ONLY_METHODS:
             await self._attach(session, client)
         if agent.state is not AgentState.READY:
             if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
@@ -902,13 +841,13 @@ class Bridge:
         agent: AgentLink,
     ) -> None:
         method: str = msg["method"]
-        gate = _SESSION_METHODS.get(method)
+        gate = SESSION_METHODS.get(method)
         if gate is not None and not gate(agent.capabilities):
             raise JsonRpcError.method_not_found(
                 method, f"agent {agent.name!r} does not support {method}"
             )
         if method == "session/prompt":
-            _check_prompt_content(agent, params)
+            check_prompt_content(agent.name, agent.capabilities, params)
             self._remember_prompt(session, params)
         elif method in ("session/load", "session/resume", "session/fork"):
             self.redactor.add_mcp_servers(params.get("mcpServers"))
@@ -920,13 +859,13 @@ class Bridge:
                 session.client = client
                 await self._forward(client, msg, agent, session, previous)
                 return
-        if session.client is None and method not in _LOOK_ONLY_METHODS:
+        if session.client is None and method not in LOOK_ONLY_METHODS:
             session.client = client
         if session.rewrite:
             params["sessionId"] = session.agent_id
         setup = None
         if method == "session/fork":
-            setup = _Setup(_roots_of(params) or session.roots, session.unattended)
+            setup = Setup(roots_of(params) or session.roots, session.unattended)
         await self._forward(client, msg, agent, session, setup)
 
     async def _stored_request(
@@ -999,7 +938,7 @@ class Bridge:
                     reason = f"agent {agent.name!r} could not load it: {exc.message}"
                 else:
                     session.state = SessionState.ACTIVE
-                    _capture_setup(session, result)
+                    capture_setup(session, result)
                     self.persist(session)
                     answer = dict(result) if isinstance(result, dict) else {}
                     answer["_meta"] = {
@@ -1029,7 +968,7 @@ class Bridge:
     ) -> None:
         assert self.journal is not None
         self._unrestorable[session.bridge_id] = reason
-        if _bridge_meta(params).get("journal_replay") is not True:
+        if bridge_meta(params).get("journal_replay") is not True:
             # A stock client takes success for "the session goes on" (acpx then never falls
             # back to session/new, and every prompt fails): only a client that asked for
             # journal replays gets one.
@@ -1039,7 +978,7 @@ class Bridge:
                 "be replayed from the bridge's journal: _meta.acp_bridge.journal_replay)",
                 {"sessionId": session.bridge_id, "reason": reason},
             )
-        after = _bridge_meta(params).get("after_seq")
+        after = bridge_meta(params).get("after_seq")
         catch_up = type(after) is int
         start = after if type(after) is int and after > 0 else 0
         await self.journal.moved(session.bridge_id)  # (a move aside is in the store)
@@ -1089,7 +1028,7 @@ class Bridge:
         still to be answered on this connection.
         """
         load = msg["method"] == "session/load"
-        requested = _bridge_meta(params).get("after_seq") if load else None
+        requested = bridge_meta(params).get("after_seq") if load else None
         if requested is not None and (type(requested) is not int or requested < 0):
             raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
         catch_up = requested is not None
@@ -1159,7 +1098,7 @@ class Bridge:
         if not client.want_seq:
             return data
         msg = loads(data)
-        _set_seq(msg["params"], seq)
+        set_seq(msg["params"], seq)
         return dumps(msg)
 
     def _from_journal(self, client: ClientLink, session: Session, seq: int, data: bytes) -> bytes:
@@ -1176,7 +1115,7 @@ class Bridge:
             return data
         params["sessionId"] = session.bridge_id
         if client.want_seq:
-            _set_seq(params, seq)
+            set_seq(params, seq)
         return dumps(msg)
 
     async def _close_without_agent(
@@ -1215,7 +1154,7 @@ class Bridge:
         self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
     ) -> None:
         """``session/load`` of an id the bridge never saw: ask the selected (or default) agent."""
-        name = _agent_selector(params) or self.default_agent
+        name = agent_selector(params) or self.default_agent
         agent = self.agents.get(name)
         if agent is None:
             raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
@@ -1223,8 +1162,8 @@ class Bridge:
             raise JsonRpcError.invalid_params(f"session id {sid!r} is taken")
         session = self.sessions.bind(name, sid, sid)
         session.state = SessionState.LOADING
-        session.roots = _roots_of(params)
-        session.unattended = _bridge_meta(params).get("unattended") is True
+        session.roots = roots_of(params)
+        session.unattended = bridge_meta(params).get("unattended") is True
         if agent.state is AgentState.READY:
             try:
                 await self._forward_session_request(client, msg, params, session, agent)
@@ -1271,7 +1210,7 @@ class Bridge:
         client.inflight[origin_id] = (agent, bridge_id)
 
     async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
-        name = _agent_selector(params)
+        name = agent_selector(params)
         if name is None:
             method_id = params.get("methodId")
             for candidate in (self.agents[self.default_agent], *self.agents.values()):
@@ -1291,7 +1230,7 @@ class Bridge:
         self, client: ClientLink, msg: JsonObject, params: JsonObject
     ) -> None:
         """``logout``, ``auth/status``, ``providers/*``: to the named (or default) agent."""
-        name = _agent_selector(params) or self.default_agent
+        name = agent_selector(params) or self.default_agent
         agent = self.agents.get(name)
         if agent is None:
             raise JsonRpcError.invalid_params(
@@ -1315,7 +1254,7 @@ class Bridge:
         self, client: ClientLink, msg: JsonObject, agent: AgentLink
     ) -> None:
         method: str = msg["method"]
-        if not _CONNECTION_METHODS[method](agent.capabilities):
+        if not CONNECTION_METHODS[method](agent.capabilities):
             raise JsonRpcError.method_not_found(
                 method, f"agent {agent.name!r} does not support {method}"
             )
@@ -1324,10 +1263,10 @@ class Bridge:
     async def _session_list(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``session/list`` merged across agents: one agent's pages after another's."""
         try:
-            listing = [a for a in self.agents.values() if _has_session_cap(a.capabilities, "list")]
+            listing = [a for a in self.agents.values() if has_session_cap(a.capabilities, "list")]
             index, inner = (0, None)
             if params.get("cursor") is not None:
-                index, inner = _decode_cursor(params["cursor"])
+                index, inner = decode_cursor(params["cursor"])
             sessions: list[Any] = []
             next_cursor: str | None = None
             while index < len(listing):
@@ -1345,14 +1284,14 @@ class Bridge:
                         )
                         remote.map_listed_session(agent.config, info)
                         if not session.roots:
-                            session.roots = _roots_of(info)
+                            session.roots = roots_of(info)
                         info["sessionId"] = session.bridge_id
                         sessions.append(info)
                 inner = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
                 if inner is None:
                     index += 1
                 if inner is not None or (sessions and index < len(listing)):
-                    next_cursor = _encode_cursor(index, inner)
+                    next_cursor = encode_cursor(index, inner)
                     break
             if next_cursor is None:
                 sessions += self._bridge_listed(listing, params.get("cwd"))
@@ -1405,7 +1344,7 @@ class Bridge:
             await self._cancel_session(client, msg, params)
         elif method == "$/cancel_request":
             request_id = params.get("requestId")
-            target = client.inflight.get(request_id) if _is_id(request_id) else None
+            target = client.inflight.get(request_id) if is_id(request_id) else None
             if target is not None:
                 agent, bridge_id = target
                 cancel = notification_msg("$/cancel_request", {"requestId": bridge_id})
@@ -1517,7 +1456,7 @@ class Bridge:
 
     async def _client_response(self, client: ClientLink, msg: JsonObject) -> None:
         client_id = msg["id"]
-        _well_formed_error(msg)
+        well_formed_error(msg)
         entry = client.pending.pop(client_id)
         if entry is None:
             # Late (already settled by the bridge) or unknown: nothing is waiting on it.
@@ -1957,7 +1896,7 @@ class Bridge:
             await self._agent_request(agent, msg)
         else:
             self.log.warning("agent_invalid_message", agent=agent.name)
-            req_id = _id_of(msg)
+            req_id = id_of(msg)
             if req_id is not None:
                 agent.answer(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
 
@@ -2006,11 +1945,11 @@ class Bridge:
         update = params.get("update")
         if type(update) is dict:
             kind = update.get("sessionUpdate")
-            if type(kind) is str and kind in _SETUP_UPDATES:
-                _track_setup(session, update)
+            if type(kind) is str and kind in SETUP_UPDATES:
+                track_setup(session, update)
         client = session.client
         if client is not None and client.want_seq:
-            _set_seq(params, seq)
+            set_seq(params, seq)
         return data
 
     async def _agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
@@ -2018,7 +1957,7 @@ class Bridge:
         params = params_of(msg)
         if method == "$/cancel_request":
             request_id = params.get("requestId")
-            if _is_id(request_id):
+            if is_id(request_id):
                 await self._agent_withdrew(agent, request_id)
             return
         if method == "elicitation/complete":
@@ -2099,7 +2038,7 @@ class Bridge:
             return
         sid = params.get("sessionId")
         session = self.sessions.find(agent.name, sid) if isinstance(sid, str) else None
-        gate = _CLIENT_METHOD_GATES.get(method)
+        gate = CLIENT_METHOD_GATES.get(method)
         if gate is None and not method.startswith("_"):
             agent.answer(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method))))
             return
@@ -2121,7 +2060,7 @@ class Bridge:
         if method == "session/request_permission":
             await self.approvals.permission_request(agent, msg, params, session)
             return
-        if method in _CONTAINED_PATHS and not await self._contain(agent, msg, params, session):
+        if method in CONTAINED_PATHS and not await self._contain(agent, msg, params, session):
             return
         client = session.client
         if (
@@ -2220,7 +2159,7 @@ class Bridge:
         Keep an agent's file access inside the session's roots: the path is replaced by its
         resolved form (what was checked is what the client touches), or the call is refused.
         """
-        key = _CONTAINED_PATHS[msg["method"]]
+        key = CONTAINED_PATHS[msg["method"]]
         remote.map_from_agent(agent.config, params, key)  # (path_map: the remote's to ours)
         path = params.get(key)
         if path is None and key == "cwd":
@@ -2299,7 +2238,7 @@ class Bridge:
                 ok = False
         early = self._undo_forward(agent, entry, ok=ok, result=msg.get("result"))
         msg["id"] = entry.origin_id
-        _well_formed_error(msg)
+        well_formed_error(msg)
         session = entry.session
         if (
             client.closed
@@ -2409,11 +2348,11 @@ class Bridge:
                 new = self.sessions.register(agent.name, sid, client=client)
                 new.client = client
                 new.state = SessionState.ACTIVE
-                if isinstance(entry.context, _Setup):
+                if isinstance(entry.context, Setup):
                     new.roots = entry.context.roots
                     new.unattended = entry.context.unattended
                 self._history(new)
-                _capture_setup(new, result)
+                capture_setup(new, result)
                 self.persist(new)
                 if new.rewrite:
                     result["sessionId"] = new.bridge_id
@@ -2426,7 +2365,7 @@ class Bridge:
             if ok:
                 session.state = SessionState.ACTIVE
                 session.client = client
-                _capture_setup(session, result)
+                capture_setup(session, result)
                 self.persist(session)
                 early = self._take_held(session, float("inf"))  # answered while away
             elif isinstance(entry.context, tuple) and entry.context[0] is not SessionState.LOADING:
@@ -2439,13 +2378,13 @@ class Bridge:
                 session.state = SessionState.ACTIVE
                 session.client = client
                 self._history(session)
-                _capture_setup(session, result)
+                capture_setup(session, result)
                 self.persist(session)
                 early = self._take_held(session, float("inf"))  # answered while away
             elif session.state is SessionState.LOADING:
                 self.sessions.remove(session)
         elif method == "session/set_config_option" and session is not None and ok:
-            _capture_setup(session, result)
+            capture_setup(session, result)
         elif method in ("session/close", "session/delete") and session is not None and ok:
             self.sessions.remove(session)
             self._forget(session, delete=method == "session/delete")
@@ -2483,125 +2422,8 @@ class Bridge:
 
 
 #: Agent calls whose path (or cwd) must stay inside the session's roots: method → param.
-_CONTAINED_PATHS: Final = {
-    "fs/read_text_file": "path",
-    "fs/write_text_file": "path",
-    "terminal/create": "cwd",
-}
-
-
-@attrs.frozen
-class _Setup:
-    """What a session/new (or fork) asked for that the bridge keeps: roots, unattended."""
-
-    roots: tuple[str, ...]
-    unattended: bool
-
-
-def _roots_of(params: JsonObject) -> tuple[str, ...]:
-    """A session's roots: [cwd, *additionalDirectories] (absolute strings only)."""
-    roots = [params.get("cwd")]
-    extra = params.get("additionalDirectories")
-    if isinstance(extra, list):
-        roots += extra
-    return tuple(r for r in roots if isinstance(r, str) and r.startswith("/"))
-
-
-def _park(entry: Forwarded) -> None:
-    """A request waiting on a client that went away waits for the next one."""
-    if isinstance(entry.extra, Ask):
-        entry.extra.shown = None
-    if entry.session is not None:
-        entry.session.parked.append(entry)
-
-
-_SETUP_UPDATES: Final = frozenset({"current_mode_update", "config_option_update"})
 #: (an enum member's lookup through its class costs ~70 ns on CPython 3.11: once per update)
 _LOADING: Final = SessionState.LOADING
-
-
-def _track_setup(session: Session, update: JsonObject) -> None:
-    """Keep the session's current mode and config options as the agent reports them."""
-    if update.get("sessionUpdate") == "current_mode_update":
-        modes = session.setup.get("modes")
-        if isinstance(modes, dict) and isinstance(update.get("currentModeId"), str):
-            session.setup["modes"] = {**modes, "currentModeId": update["currentModeId"]}
-    elif isinstance(update.get("configOptions"), list):
-        session.setup["configOptions"] = update["configOptions"]
-
-
-def _capture_setup(session: Session, result: Any) -> None:
-    if isinstance(result, dict):
-        for key in ("modes", "configOptions"):
-            if key in result:
-                session.setup[key] = result[key]
-
-
-def _bridge_meta(params: JsonObject) -> JsonObject:
-    """``params._meta.acp_bridge`` (the bridge's own wire extensions), or {}."""
-    meta = params.get("_meta")
-    ours = meta.get("acp_bridge") if isinstance(meta, dict) else None
-    return ours if isinstance(ours, dict) else {}
-
-
-def _set_seq(params: JsonObject, seq: int) -> None:
-    """Stamp ``_meta.acp_bridge.seq`` on a session/update, keeping any other _meta."""
-    meta = params.get("_meta")
-    meta = dict(meta) if isinstance(meta, dict) else {}
-    ours = meta.get("acp_bridge")
-    meta["acp_bridge"] = {**ours, "seq": seq} if isinstance(ours, dict) else {"seq": seq}
-    params["_meta"] = meta
-
-
-def _attached_elsewhere(sid: str) -> JsonRpcError:
-    """The refusal of a request about a session another connection owns (-32002)."""
-    return JsonRpcError.resource_not_found(
-        f"session {sid!r} is attached elsewhere (another connection owns it); "
-        "take it over with session/resume or session/load"
-    )
-
-
-def _well_formed_error(msg: JsonObject) -> None:
-    """A peer's error that is not one (an integer code and a message) is relayed as -32603."""
-    err = msg.get("error")
-    if "error" not in msg or (
-        type(err) is dict and type(err.get("code")) is int and type(err.get("message")) is str
-    ):
-        return
-    msg["error"] = JsonRpcError(
-        INTERNAL_ERROR, "Internal error: the peer answered with a malformed error", {"error": err}
-    ).to_error()
-
-
-def _is_id(value: object) -> bool:
-    """A string or an integer: usable as a key (a peer's JSON may put a list anywhere)."""
-    return type(value) in (int, str)
-
-
-def _id_of(msg: Any) -> JsonRpcId:
-    if isinstance(msg, dict):
-        value = msg.get("id")
-        if type(value) in (int, str):
-            return value
-    return None
-
-
-def _check_prompt_content(agent: AgentLink, params: JsonObject) -> None:
-    """Refuse content kinds the agent did not advertise (text and resource links always pass)."""
-    prompt = params.get("prompt")
-    if not isinstance(prompt, list):
-        return
-    caps = agent.capabilities.get("promptCapabilities")
-    caps = caps if isinstance(caps, dict) else {}
-    needs = {"image": "image", "audio": "audio", "resource": "embeddedContext"}
-    for block in prompt:
-        if isinstance(block, dict):
-            kind = block.get("type")
-            need = needs.get(kind) if isinstance(kind, str) else None
-            if need is not None and not caps.get(need):
-                raise JsonRpcError.invalid_params(
-                    f"agent {agent.name!r} does not accept {block.get('type')} content"
-                )
 
 
 async def serve_client_stream(

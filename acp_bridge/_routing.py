@@ -18,14 +18,14 @@ import collections
 import enum
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import attrs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from acp_bridge._jsonrpc import JsonRpcId
+    from acp_bridge._jsonrpc import JsonObject, JsonRpcId
 
 
 class SessionState(enum.Enum):
@@ -381,3 +381,44 @@ class Forwarded:
     context: Any = None
     #: the approval state of a permission request the client is asked (see _approvals)
     extra: Any = None
+
+
+#: answers kept for a detached session until a connection takes it back (more are dropped)
+HELD_RESPONSES_MAX: Final = 256
+
+
+@attrs.frozen
+class Setup:
+    """What a session/new (or fork) asked for that the bridge keeps: roots, unattended."""
+
+    roots: tuple[str, ...]
+    unattended: bool
+
+
+def roots_of(params: JsonObject) -> tuple[str, ...]:
+    """A session's roots: [cwd, *additionalDirectories] (absolute strings only)."""
+    roots = [params.get("cwd")]
+    extra = params.get("additionalDirectories")
+    if isinstance(extra, list):
+        roots += extra
+    return tuple(r for r in roots if isinstance(r, str) and r.startswith("/"))
+
+
+SETUP_UPDATES: Final = frozenset({"current_mode_update", "config_option_update"})
+
+
+def track_setup(session: Session, update: JsonObject) -> None:
+    """Keep the session's current mode and config options as the agent reports them."""
+    if update.get("sessionUpdate") == "current_mode_update":
+        modes = session.setup.get("modes")
+        if isinstance(modes, dict) and isinstance(update.get("currentModeId"), str):
+            session.setup["modes"] = {**modes, "currentModeId": update["currentModeId"]}
+    elif isinstance(update.get("configOptions"), list):
+        session.setup["configOptions"] = update["configOptions"]
+
+
+def capture_setup(session: Session, result: Any) -> None:
+    if isinstance(result, dict):
+        for key in ("modes", "configOptions"):
+            if key in result:
+                session.setup[key] = result[key]

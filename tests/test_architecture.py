@@ -38,6 +38,8 @@ PURE: tuple[str, ...] = (
     "_backoff",
     "_diagnostics",
     "_remote",
+    "_capabilities",
+    "_wire",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

@@ -704,11 +704,16 @@ async def test_session_status_looks_without_taking_the_session():
     async with open_bridge({"a": a}) as (client, bridge), trio.open_nursery() as nursery:
         sid = await client.new_session()
         other = await connect(bridge, nursery, name="other")
+        # Only the owner acts on a session (issue 17 point 8): looking included.
+        for method in ("session/status", "session/archive"):
+            refused = await other.request(method, {"sessionId": sid})
+            assert refused["error"]["code"] == -32002, method
+        assert bridge.sessions.get(sid).client.name == "stdio"
+        # Detached, a look does not take the session.
+        await bridge.close_client(bridge.sessions.get(sid).client, "gone")
         status = await other.request("session/status", {"sessionId": sid})
         assert status["result"]["method"] == "session/status"
-        assert bridge.sessions.get(sid).client.name == "stdio"  # still the first one's
-        refused = await other.request("session/archive", {"sessionId": sid})
-        assert refused["error"]["code"] == -32600  # changing it: only its connection
+        assert bridge.sessions.get(sid).client is None
         nursery.cancel_scope.cancel()
 
 

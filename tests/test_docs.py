@@ -234,7 +234,7 @@ def test_every_config_key_is_documented():
 def _code_extensions() -> tuple[set[str], set[str]]:
     """
     What the code implements: the ``_acp_bridge/...`` methods it names, and the
-    ``_meta.acp_bridge`` keys it reads (through ``_bridge_meta(...).get(KEY)``) or writes
+    ``_meta.acp_bridge`` keys it reads (through ``bridge_meta(...).get(KEY)``) or writes
     (in a dict stored under ``"acp_bridge"``).
     """
     methods: set[str] = set()
@@ -250,7 +250,7 @@ def _code_extensions() -> tuple[set[str], set[str]]:
                 and node.func.attr == "get"
                 and isinstance(node.func.value, ast.Call)
                 and isinstance(node.func.value.func, ast.Name)
-                and node.func.value.func.id == "_bridge_meta"
+                and node.func.value.func.id in ("bridge_meta", "_bridge_meta")
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
             ):

@@ -162,6 +162,11 @@ def test_fix_mmap_threshold_without_mallopt(monkeypatch):
 @glibc
 def test_memory_figures_see_a_heap_block_held_and_freed():
     """heapInUseKiB follows what malloc handed out; RSS and Python's blocks are there too."""
+    # Earlier tests in this process may have left freed pages resident in the heap, which
+    # the blocks below would reuse without RSS growing: hand them back first.
+    trim = _heap.malloc_trim()
+    if trim is not None:
+        trim(0)
     before = _heap.memory_figures()
     held = [bytes(4096) for _ in range(4096)]  # 16 MiB in blocks of malloc's, not Python's
     during = _heap.memory_figures()

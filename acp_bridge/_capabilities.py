@@ -13,7 +13,7 @@ from acp_bridge._jsonrpc import JsonObject, JsonRpcError
 from acp_bridge._wire import bridge_meta
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
 #: Methods an agent may call on the client, and the client capability each needs.
 CLIENT_METHOD_GATES: Final[dict[str, Callable[[JsonObject], bool]]] = {
@@ -101,14 +101,65 @@ def check_prompt_content(agent: str, caps: JsonObject, params: JsonObject) -> No
                 )
 
 
+def advertised(default_caps: JsonObject, all_agents_caps: Iterable[JsonObject]) -> JsonObject:
+    """
+    What the bridge advertises: the default agent's capabilities ``default_caps``, as it is up
+    now, plus what the bridge serves itself for every agent: ``loadSession`` and
+    ``sessionCapabilities.resume``/``close``/``delete`` for live sessions (replay from its own
+    history; resume and close without the agent when it lacks them), and ``list`` when any of
+    the agents (``all_agents_caps``) lists sessions.
+
+    Other calls on sessions of other agents are gated against their own agent's
+    capabilities (-32601 when it lacks one); ``_acp_bridge/agents`` lists each agent's.
+    """
+    caps = dict(default_caps)
+    caps["loadSession"] = True
+    session_caps = dict(caps.get("sessionCapabilities") or {})
+    session_caps["resume"] = {}
+    session_caps["close"] = {}
+    session_caps["delete"] = {}
+    if any(has_session_cap(c, "list") for c in all_agents_caps):
+        session_caps["list"] = {}
+    caps["sessionCapabilities"] = session_caps
+    return caps
+
+
+def strip_unsupported_setup(caps: JsonObject, params: JsonObject) -> list[str]:
+    """
+    Drop from a session's setup ``params`` what an agent with ``caps`` did not advertise it
+    can take: ``additionalDirectories``, MCP servers of a kind it lacks. Returns what was
+    dropped, for the caller to log (names only: a server's URL or headers may be secret).
+    """
+    stripped: list[str] = []
+    if "additionalDirectories" in params and not has_session_cap(caps, "additionalDirectories"):
+        del params["additionalDirectories"]
+        stripped.append("additionalDirectories")
+    servers = params.get("mcpServers")
+    if isinstance(servers, list):
+        mcp = caps.get("mcpCapabilities")
+        mcp = mcp if isinstance(mcp, dict) else {}
+        kept = []
+        for server in servers:
+            kind = server.get("type") if isinstance(server, dict) else None
+            if kind in ("http", "sse", "acp") and not mcp.get(kind):
+                stripped.append(f"mcpServers: {kind} server {server.get('name')!r}")
+            else:
+                kept.append(server)
+        if len(kept) != len(servers):
+            params["mcpServers"] = kept
+    return stripped
+
+
 __all__ = [
     "CLIENT_METHOD_GATES",
     "CONNECTION_METHODS",
     "CONTAINED_PATHS",
     "LOOK_ONLY_METHODS",
     "SESSION_METHODS",
+    "advertised",
     "agent_selector",
     "check_prompt_content",
     "has_cap",
     "has_session_cap",
+    "strip_unsupported_setup",
 ]

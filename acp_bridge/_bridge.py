@@ -32,6 +32,7 @@ import trio
 from acp_bridge import __version__
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
+from acp_bridge import _status_report as status_report
 from acp_bridge._agent import (
     AgentStartError,
     AgentTransport,
@@ -41,21 +42,23 @@ from acp_bridge._agent import (
 from acp_bridge._approvals import Approvals, Ask, park
 from acp_bridge._audit import AuditLog
 from acp_bridge._backoff import CrashLoop, Restarts
+from acp_bridge._cancel import Cancel
 from acp_bridge._capabilities import (
     CLIENT_METHOD_GATES,
     CONNECTION_METHODS,
     CONTAINED_PATHS,
     LOOK_ONLY_METHODS,
     SESSION_METHODS,
+    advertised,
     agent_selector,
     check_prompt_content,
     has_session_cap,
+    strip_unsupported_setup,
 )
 from acp_bridge._containment import PathRefused, contain
 from acp_bridge._diagnostics import LEVEL_RANK as _LEVEL_RANK
 from acp_bridge._diagnostics import LOG_BURST, LOG_LEVELS, LOG_RATE, guess_level
 from acp_bridge._framing import LineDecoder, Oversize
-from acp_bridge._heap import memory_figures
 from acp_bridge._hub import Hub
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
@@ -82,6 +85,7 @@ from acp_bridge._links import (
     Waiter,
     pump_channel,
 )
+from acp_bridge._listing import Listing
 from acp_bridge._redact import Redactor
 from acp_bridge._routing import (
     HELD_RESPONSES_MAX,
@@ -101,8 +105,6 @@ from acp_bridge._wire import (
     PROTOCOL_VERSION,
     attached_elsewhere,
     bridge_meta,
-    decode_cursor,
-    encode_cursor,
     id_of,
     is_id,
     set_seq,
@@ -209,6 +211,16 @@ class Bridge:
         self.deadlines = hub.deadlines
         self.audit = hub.audit
         self.approvals = Approvals(self, config.policy, self.audit)
+        self.cancel = Cancel(
+            hub,
+            not_delivered=self._not_delivered,
+            agent_response=self._agent_response,
+            send_log=self.send_log,
+            settle_session=self.approvals.settle_session,
+        )
+        self.listing = Listing(
+            hub, internal_request=self._internal_request, reply_error=self._reply_error
+        )
         self.log = logger
 
     # ------------------------------------------------------------------ lifetime
@@ -497,67 +509,14 @@ class Bridge:
         await client.send(dumps(notification_msg("_acp_bridge/log", params)))
 
     def status(self) -> JsonObject:
-        """Everything ``acp-bridge status`` and ``/metrics`` show: agents, sessions, counters."""
-        agents = [
-            {
-                "name": a.name,
-                "state": a.state.value,
-                "runsOn": remote.location(a.config),
-                "pid": a.pid,
-                "starts": a.starts,
-                "restarts": max(a.starts - 1, 0),
-                "sessions": len(self.sessions.of_agent(a.name)),
-                "queueDepth": a.queue_depth(),
-                "pendingRequests": len(a.pending),
-                # its own requests waiting on clients, and those refused past the limit
-                "requestsInFlight": self._requests_waiting(a),
-                "requestsRefused": a.requests_refused,
-            }
-            for a in self.agents.values()
-        ]
-        sessions = [
-            {
-                "sessionId": s.bridge_id,
-                "agent": s.agent,
-                "state": s.state.value,
-                "connection": s.client.name if s.client is not None else None,
-                "pendingApprovals": len(s.pending_permissions) + len(s.parked),
-                "historyLastSeq": s.history.last_seq if s.history is not None else 0,
-            }
-            for s in self.sessions
-        ]
-        clients = [
-            {"name": c.name, "queueDepth": c.queue_depth(), "pendingRequests": len(c.inflight)}
-            for c in self.clients
-        ]
-        return {
-            "defaultAgent": self.default_agent,
-            "agents": agents,
-            "sessions": sessions,
-            "connections": clients,
-            "counters": dict(self.counters),
-            "approvals": dict(self.approvals.counts),
-            "journal": self.journal.statistics() if self.journal is not None else None,
-            "memory": self._memory(),
-        }
-
-    def _memory(self) -> JsonObject:
-        """:func:`memory_figures`, and what the sessions' replay histories hold."""
-        histories = [s.history for s in self.sessions if s.history is not None]
-        return {
-            **memory_figures(),
-            "historyEntries": sum(len(h) for h in histories),
-            "historyKiB": sum(h.total_bytes for h in histories) // 1024,
-        }
+        """Everything ``acp-bridge status`` and ``/metrics`` show (see ``_status_report``)."""
+        return status_report.status(
+            self.hub, approvals=self.approvals.counts, requests_waiting=self._requests_waiting
+        )
 
     def health(self) -> tuple[bool, JsonObject]:
         """Whether the default agent can serve now, and every agent's state (for /healthz)."""
-        ok = self.agents[self.default_agent].state is AgentState.READY
-        agents = {
-            a.name: {"state": a.state.value, "pid": a.pid, "starts": a.starts}
-            for a in self.agents.values()
-        }
-        return ok, {"ok": ok, "defaultAgent": self.default_agent, "agents": agents}
+        return status_report.health(self.hub)
 
     # ------------------------------------------------------------------ client → bridge
 
@@ -612,7 +571,7 @@ class Bridge:
         elif method == "session/new":
             await self._session_new(client, msg, params)
         elif method == "session/list":
-            self._spawn(self._session_list, client, msg, params)
+            self._spawn(self.listing.session_list, client, msg, params)
         elif method == "authenticate":
             await self._auth_request(client, msg, params)
         elif method in CONNECTION_METHODS:
@@ -678,7 +637,7 @@ class Bridge:
         # The only version the bridge speaks (the spec: the requested one when supported,
         # else the latest supported; 0 is no version at all).
         version = PROTOCOL_VERSION
-        caps_out = self._advertised_capabilities(default)
+        caps_out = advertised(default.capabilities, [a.capabilities for a in self.agents.values()])
         answer: JsonObject = {
             "protocolVersion": version,
             "agentCapabilities": caps_out,
@@ -692,27 +651,6 @@ class Bridge:
             },
         }
         await client.send(dumps(result_msg(msg["id"], answer)))
-
-    def _advertised_capabilities(self, default: AgentLink) -> JsonObject:
-        """
-        What the bridge advertises: the default agent's capabilities, as it is up now, plus
-        what the bridge serves itself for every agent: ``loadSession`` and
-        ``sessionCapabilities.resume``/``close`` for live sessions (replay from its own
-        history; resume and close without the agent when it lacks them).
-
-        Other calls on sessions of other agents are gated against their own agent's
-        capabilities (-32601 when it lacks one); ``_acp_bridge/agents`` lists each agent's.
-        """
-        caps = dict(default.capabilities)
-        caps["loadSession"] = True
-        session_caps = dict(caps.get("sessionCapabilities") or {})
-        session_caps["resume"] = {}
-        session_caps["close"] = {}
-        session_caps["delete"] = {}
-        if any(has_session_cap(a.capabilities, "list") for a in self.agents.values()):
-            session_caps["list"] = {}
-        caps["sessionCapabilities"] = session_caps
-        return caps
 
     async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         name = agent_selector(params) or self.default_agent
@@ -739,33 +677,11 @@ class Bridge:
         self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
     ) -> None:
         self.redactor.add_mcp_servers(params.get("mcpServers"))
-        self._strip_unsupported_setup(agent, params)
+        if stripped := strip_unsupported_setup(agent.capabilities, params):
+            self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
         agent.new_in_flight += 1
         setup = Setup(roots_of(params), bridge_meta(params).get("unattended") is True)
         await self._forward(client, msg, agent, None, setup)
-
-    def _strip_unsupported_setup(self, agent: AgentLink, params: JsonObject) -> None:
-        """Drop what the agent did not advertise it can take (additionalDirectories, MCP kinds)."""
-        caps = agent.capabilities
-        if "additionalDirectories" in params and not has_session_cap(caps, "additionalDirectories"):
-            del params["additionalDirectories"]
-            self.log.warning("stripped_additional_directories", agent=agent.name)
-        servers = params.get("mcpServers")
-        if isinstance(servers, list):
-            mcp = caps.get("mcpCapabilities")
-            mcp = mcp if isinstance(mcp, dict) else {}
-            kept = [
-                s
-                for s in servers
-                if not isinstance(s, dict)
-                or s.get("type") not in ("http", "sse", "acp")
-                or mcp.get(s["type"])
-            ]
-            if len(kept) != len(servers):
-                params["mcpServers"] = kept
-                self.log.warning(
-                    "stripped_mcp_servers", agent=agent.name, dropped=len(servers) - len(kept)
-                )
 
     async def _session_request(
         self, client: ClientLink, msg: JsonObject, params: JsonObject
@@ -851,7 +767,8 @@ class Bridge:
             self._remember_prompt(session, params)
         elif method in ("session/load", "session/resume", "session/fork"):
             self.redactor.add_mcp_servers(params.get("mcpServers"))
-            self._strip_unsupported_setup(agent, params)
+            if stripped := strip_unsupported_setup(agent.capabilities, params):
+                self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
             if method == "session/load":
                 # Replayed updates arrive before the response: route them already.
                 previous = (session.state, session.client)
@@ -927,7 +844,8 @@ class Bridge:
             if not self.sessions.owns_agent_id(session):
                 reason = f"agent {agent.name!r} gave its id to a new session"
             elif agent.capabilities.get("loadSession"):
-                self._strip_unsupported_setup(agent, params)
+                if stripped := strip_unsupported_setup(agent.capabilities, params):
+                    self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
                 query = {**params, "sessionId": session.agent_id}
                 query.pop("_meta", None)
                 session.state = SessionState.LOADING
@@ -1128,7 +1046,7 @@ class Bridge:
         agent.send_nowait(
             dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
         )
-        await self._settle_permissions(session, "cancelled", "close")
+        await self.cancel.settle_permissions(session, "cancelled", "close")
         self.sessions.remove(session)
         self._forget(session, delete=msg["method"] == "session/delete")
         await client.send(dumps(result_msg(msg["id"], {})))
@@ -1260,67 +1178,6 @@ class Bridge:
             )
         await self._forward(client, msg, agent, None)
 
-    async def _session_list(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
-        """``session/list`` merged across agents: one agent's pages after another's."""
-        try:
-            listing = [a for a in self.agents.values() if has_session_cap(a.capabilities, "list")]
-            index, inner = (0, None)
-            if params.get("cursor") is not None:
-                index, inner = decode_cursor(params["cursor"])
-            sessions: list[Any] = []
-            next_cursor: str | None = None
-            while index < len(listing):
-                agent = listing[index]
-                query: JsonObject = {}
-                if "cwd" in params:
-                    query["cwd"] = params["cwd"]
-                if inner is not None:
-                    query["cursor"] = inner
-                page = await self._internal_request(agent, "session/list", query)
-                for info in page.get("sessions") or []:
-                    if isinstance(info, dict) and isinstance(info.get("sessionId"), str):
-                        session = self.sessions.register(
-                            agent.name, info["sessionId"], state=SessionState.LISTED
-                        )
-                        remote.map_listed_session(agent.config, info)
-                        if not session.roots:
-                            session.roots = roots_of(info)
-                        info["sessionId"] = session.bridge_id
-                        sessions.append(info)
-                inner = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
-                if inner is None:
-                    index += 1
-                if inner is not None or (sessions and index < len(listing)):
-                    next_cursor = encode_cursor(index, inner)
-                    break
-            if next_cursor is None:
-                sessions += self._bridge_listed(listing, params.get("cwd"))
-            answer: JsonObject = {"sessions": sessions}
-            if next_cursor is not None:
-                answer["nextCursor"] = next_cursor
-            await client.send(dumps(result_msg(msg["id"], answer)))
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
-
-    def _bridge_listed(self, listing: list[AgentLink], cwd: object) -> list[JsonObject]:
-        """Sessions the bridge itself knows that no agent's own list covers (e.g. restored)."""
-        listed = {a.name for a in listing}
-        out: list[JsonObject] = []
-        for session in self.sessions:
-            if session.state is SessionState.LISTED:
-                continue
-            if session.agent in listed and session.state is not SessionState.STORED:
-                continue
-            root = session.roots[0] if session.roots else None
-            if isinstance(cwd, str) and root != cwd:
-                continue
-            info: JsonObject = {"sessionId": session.bridge_id, "cwd": root or "/"}
-            if len(session.roots) > 1:
-                info["additionalDirectories"] = list(session.roots[1:])
-            info["_meta"] = {"acp_bridge": {"agent": session.agent, "state": session.state.value}}
-            out.append(info)
-        return out
-
     async def _internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
         """A request of the bridge's own to an agent; returns its result or raises."""
         waiter = Waiter()
@@ -1341,7 +1198,7 @@ class Bridge:
         method: str = msg["method"]
         params = params_of(msg)
         if method == "session/cancel":
-            await self._cancel_session(client, msg, params)
+            await self.cancel.cancel_session(client, msg, params)
         elif method == "$/cancel_request":
             request_id = params.get("requestId")
             target = client.inflight.get(request_id) if is_id(request_id) else None
@@ -1381,78 +1238,6 @@ class Bridge:
             "agent": agent.name,
         }
         client.offer(dumps(notification_msg("_acp_bridge/log", params)))
-
-    async def _cancel_session(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject
-    ) -> None:
-        sid = params.get("sessionId")
-        session = self.sessions.get(sid) if isinstance(sid, str) else None
-        if session is None or session.client not in (client, None):
-            return  # unknown, or not this connection's to cancel
-        agent = self.agents[session.agent]
-        if session.rewrite:
-            params["sessionId"] = session.agent_id
-        if not agent.send_nowait(dumps(msg)):
-            self._not_delivered(client, agent, "session/cancel", session)
-        await self._settle_permissions(session, "cancelled", "cancel")
-        grace = self.config.bridge.cancel_grace
-        key = ("cancel", session)
-        if grace > 0 and key not in self.deadlines and self._prompts_of(agent, session):
-            # (A second cancel does not push the deadline back.)
-            self.deadlines.schedule(
-                key,
-                trio.current_time() + grace,
-                functools.partial(self._cancel_grace_expired, agent, session),
-            )
-
-    def _prompts_of(self, agent: AgentLink, session: Session) -> list[int]:
-        """The agent-link ids of the session's prompts still waiting on ``agent``."""
-        return [
-            bridge_id
-            for bridge_id, entry in agent.pending.find(
-                lambda e: (
-                    isinstance(e, Forwarded)
-                    and e.session is session
-                    and e.method == "session/prompt"
-                )
-            )
-        ]
-
-    async def _cancel_grace_expired(self, agent: AgentLink, session: Session) -> None:
-        """
-        ``cancel_grace`` passed since a ``session/cancel`` and the agent still has not ended
-        the turn: each of the session's prompts still waiting on it is answered
-        ``cancelled`` here, as if by the agent (so held, ordered and accounted the same
-        way); the agent's own answer, if it ever comes, finds nothing waiting and is
-        dropped (logged).
-        """
-        late = self._prompts_of(agent, session)
-        if not late:
-            return
-        grace = self.config.bridge.cancel_grace
-        self.log.warning(
-            "cancel_grace_expired", agent=agent.name, session=session.bridge_id, prompts=len(late)
-        )
-        for bridge_id in late:
-            result = {
-                "stopReason": "cancelled",
-                "_meta": {"acp_bridge": {"cancelGraceExpired": grace}},
-            }
-            await self._agent_response(agent, {"jsonrpc": "2.0", "id": bridge_id, "result": result})
-        client = session.client
-        if client is not None and not client.closed:
-            await self.send_log(
-                client,
-                "warning",
-                f"agent {agent.name!r} did not end the cancelled turn within {grace:g}s: "
-                "the bridge ended it; the agent's late answer will be dropped",
-                session=session,
-            )
-
-    async def _settle_permissions(self, session: Session, outcome: str, reason: str) -> None:
-        """Answer every pending permission request of a session ``outcome`` at once."""
-        assert outcome == "cancelled"
-        await self.approvals.settle_session(session, reason)
 
     async def _client_response(self, client: ClientLink, msg: JsonObject) -> None:
         client_id = msg["id"]

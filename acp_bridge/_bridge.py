@@ -33,15 +33,9 @@ from acp_bridge import __version__
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
 from acp_bridge import _status_report as status_report
-from acp_bridge._agent import (
-    AgentStartError,
-    AgentTransport,
-    Launcher,
-    StderrRing,
-)
 from acp_bridge._approvals import Approvals, Ask, park
 from acp_bridge._audit import AuditLog
-from acp_bridge._backoff import CrashLoop, Restarts
+from acp_bridge._backoff import Restarts
 from acp_bridge._cancel import Cancel
 from acp_bridge._capabilities import (
     CLIENT_METHOD_GATES,
@@ -57,7 +51,7 @@ from acp_bridge._capabilities import (
 )
 from acp_bridge._containment import PathRefused, contain
 from acp_bridge._diagnostics import LEVEL_RANK as _LEVEL_RANK
-from acp_bridge._diagnostics import LOG_BURST, LOG_LEVELS, LOG_RATE, guess_level
+from acp_bridge._diagnostics import LOG_LEVELS
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._hub import Hub
 from acp_bridge._jsonrpc import (
@@ -83,9 +77,9 @@ from acp_bridge._links import (
     ClientLink,
     Tracer,
     Waiter,
-    pump_channel,
 )
 from acp_bridge._listing import Listing
+from acp_bridge._log_channel import LogChannel
 from acp_bridge._redact import Redactor
 from acp_bridge._routing import (
     HELD_RESPONSES_MAX,
@@ -101,6 +95,7 @@ from acp_bridge._routing import (
     track_setup,
 )
 from acp_bridge._store import AuditRecord
+from acp_bridge._supervisor import Supervisor
 from acp_bridge._wire import (
     PROTOCOL_VERSION,
     attached_elsewhere,
@@ -114,13 +109,12 @@ from acp_bridge._wire import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from acp_bridge._agent import Launcher
     from acp_bridge._config import Config
     from acp_bridge._journal import Journal
 
 logger = structlog.get_logger("acp_bridge.bridge")
 
-#: how long to wait for an exited agent's status before failing its requests without it
-EXIT_STATUS_WAIT: Final = 0.25
 #: updates held for a session id the bridge does not know yet (agent sent them before its
 #: session/new response); beyond this they are dropped
 EARLY_UPDATES_MAX: Final = 64
@@ -193,7 +187,6 @@ class Bridge:
             sessions=SessionTable(on_move=self._kept_moved),
         )
         self.config = config
-        self._launcher = launcher
         self.tracer = tracer
         self.journal = journal
         self._unrestorable = hub.unrestorable
@@ -211,15 +204,26 @@ class Bridge:
         self.deadlines = hub.deadlines
         self.audit = hub.audit
         self.approvals = Approvals(self, config.policy, self.audit)
+        self.logs = LogChannel(hub)
+        self.supervisor = Supervisor(
+            hub,
+            launcher=launcher,
+            read_chunk=READ_CHUNK,
+            reader=self._agent_reader,
+            agent_log=self.logs.agent_log,
+            undo_forward=self._undo_forward,
+            approval_agent_gone=self.approvals.agent_gone,
+            ask_type=Ask,
+        )
         self.cancel = Cancel(
             hub,
             not_delivered=self._not_delivered,
             agent_response=self._agent_response,
-            send_log=self.send_log,
+            send_log=self.logs.send_log,
             settle_session=self.approvals.settle_session,
         )
         self.listing = Listing(
-            hub, internal_request=self._internal_request, reply_error=self._reply_error
+            hub, internal_request=self.supervisor.internal_request, reply_error=self._reply_error
         )
         self.log = logger
 
@@ -384,7 +388,7 @@ class Bridge:
 
     async def _close_quietly(self, agent: AgentLink, agent_sid: str) -> None:
         try:
-            await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
+            await self.supervisor.internal_request(agent, "session/close", {"sessionId": agent_sid})
         except JsonRpcError as exc:
             self.log.warning("session_close_failed", agent=agent.name, error=exc.message)
 
@@ -495,18 +499,8 @@ class Bridge:
         session: Session | None = None,
         **data: Any,
     ) -> None:
-        """
-        A ``_acp_bridge/log`` notification (shaped after ACP RFD #392) to one client, if it
-        asked for this level.
-        """
-        if not client.wants_log(level):
-            return
-        params: JsonObject = {"level": level, "logger": "acp_bridge"}
-        if session is not None:
-            params["sessionId"] = session.bridge_id
-            data.setdefault("agent", session.agent)
-        params["data"] = {"message": message, **data}
-        await client.send(dumps(notification_msg("_acp_bridge/log", params)))
+        """A ``_acp_bridge/log`` notification to one client, if it asked for this level."""
+        await self.logs.send_log(client, level, message, session=session, **data)
 
     def status(self) -> JsonObject:
         """Everything ``acp-bridge status`` and ``/metrics`` show (see ``_status_report``)."""
@@ -851,7 +845,7 @@ class Bridge:
                 session.state = SessionState.LOADING
                 session.client = client
                 try:
-                    result = await self._internal_request(agent, "session/load", query)
+                    result = await self.supervisor.internal_request(agent, "session/load", query)
                 except JsonRpcError as exc:
                     reason = f"agent {agent.name!r} could not load it: {exc.message}"
                 else:
@@ -1178,22 +1172,6 @@ class Bridge:
             )
         await self._forward(client, msg, agent, None)
 
-    async def _internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
-        """A request of the bridge's own to an agent; returns its result or raises."""
-        waiter = Waiter()
-        bridge_id = agent.pending.add(waiter)
-        remote.map_to_agent(agent.config, method, params)
-        if not agent.send_nowait(dumps(request_msg(bridge_id, method, params))):
-            agent.pending.pop(bridge_id)
-            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is not accepting input")
-        response = await waiter.wait()
-        if "error" in response:
-            err = response["error"]
-            if isinstance(err, dict) and type(err.get("code")) is int:
-                raise JsonRpcError(err["code"], str(err.get("message", "")), err.get("data"))
-            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} answered an invalid error")
-        return response.get("result")
-
     async def _client_notification(self, client: ClientLink, msg: JsonObject) -> None:
         method: str = msg["method"]
         params = params_of(msg)
@@ -1262,306 +1240,14 @@ class Bridge:
     # ------------------------------------------------------------------ agents
 
     async def ensure_ready(self, agent: AgentLink) -> None:
-        """
-        Start the agent if needed and wait until it completed ``initialize``.
-
-        Raises:
-            JsonRpcError: it could not be started (with exit status and stderr tail), or it is
-                in a crash loop.
-        """
-        while True:
-            if agent.state is AgentState.READY:
-                return
-            if agent.state is AgentState.STARTING:
-                await agent.settled.wait()
-                if agent.start_error is not None and not self._is_ready(agent):
-                    raise agent.start_error
-                continue
-            if self.stopping:
-                raise JsonRpcError(INTERNAL_ERROR, "the bridge is shutting down")
-            delay = self._restart_delay(agent)
-            agent.state = AgentState.STARTING
-            agent.settled = trio.Event()
-            agent.start_error = None
-            self._spawn(self._agent_life, agent, delay)
-
-    @staticmethod
-    def _is_ready(agent: AgentLink) -> bool:
-        # A function call, so the type checker does not narrow the state across the await.
-        return agent.state is AgentState.READY
-
-    def _restart_delay(self, agent: AgentLink) -> float:
-        verdict = agent.restarts.next_start(trio.current_time())
-        if isinstance(verdict, CrashLoop):
-            err = JsonRpcError(
-                INTERNAL_ERROR,
-                f"agent {agent.name!r} crashed {verdict.deaths} times in "
-                f"{verdict.window:g}s; not restarting it until that calms down",
-                agent.failure_data(),
-            )
-            agent.start_error = err
-            raise err
-        return verdict
-
-    async def _agent_life(self, agent: AgentLink, delay: float) -> None:
-        """One life of an agent process: start, initialize, relay until it exits."""
-        if delay:
-            await trio.sleep(delay)
-        agent.starts += 1
-        agent.exit_status = None
-        agent.failure = None
-        agent.exited = trio.Event()
-        agent.stderr = StderrRing()
-        log = self.log.bind(agent=agent.name)
-        eof = trio.Event()
-        async with trio.open_nursery() as nursery:
-            agent.stop_scope = nursery.cancel_scope
-            try:
-                transport: AgentTransport = await nursery.start(self._run_launcher, agent)
-            except AgentStartError as exc:
-                self._start_failed(agent, JsonRpcError(INTERNAL_ERROR, str(exc), exc.data))
-                return
-            agent.pid = transport.pid
-            agent.kill = transport.kill
-            # agent_queue for requests and notifications, as much again for answers (AgentLink)
-            send, receive = trio.open_memory_channel[bytes](2 * agent.queue_size)
-            agent._send = send
-            agent._fd = pipes.pipe_fd(transport.send)
-            nursery.start_soon(self._agent_writer, agent, receive, transport.send)
-            if transport.stderr is not None:
-                nursery.start_soon(self._agent_stderr, agent, transport.stderr)
-            nursery.start_soon(self._agent_reader, agent, transport.receive, eof)
-            log.info("agent_spawned", pid=transport.pid)
-            try:
-                await self._handshake(agent, eof)
-            except JsonRpcError as exc:
-                self._start_failed(agent, exc)
-                nursery.cancel_scope.cancel()
-                await self._agent_gone(agent, reason="failed to initialize")
-                return
-            agent.state = AgentState.READY
-            agent.settled.set()
-            log.info("agent_ready", pid=transport.pid)
-            verb = "restarted" if agent.starts > 1 else "started"
-            await self.agent_log(agent, "info", f"agent {verb} (pid {transport.pid})", stream=None)
-            await eof.wait()
-            with trio.move_on_after(EXIT_STATUS_WAIT):
-                await agent.exited.wait()
-            log.warning("agent_exited", status=agent.exit_status, failure=agent.failure)
-            reason = (
-                remote.death_reason(agent.config, agent.exit_status)
-                if agent.failure is None
-                else f"was stopped: {agent.failure}"
-            )
-            await self.agent_log(
-                agent,
-                "warning" if agent.failure is None else "error",
-                f"agent {reason} (status {agent.exit_status})",
-                stream=None,
-            )
-            await self._agent_gone(agent, reason=reason)
-            nursery.cancel_scope.cancel()
-
-    async def _run_launcher(
-        self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]
-    ) -> None:
-        try:
-            agent.exit_status = await self._launcher(agent.config, task_status=task_status)
-        finally:
-            agent.exited.set()
-
-    async def _handshake(self, agent: AgentLink, eof: trio.Event) -> None:
-        caps = self._fixed_client_capabilities
-        caps = remote.offered_capabilities(
-            agent.config, self._client_capabilities if caps is None else caps
-        )
-        params: JsonObject = {
-            "protocolVersion": PROTOCOL_VERSION,
-            "clientCapabilities": caps,
-            "clientInfo": {"name": "acp-bridge", "version": __version__},
-        }
-        result: Any = None
-        async with trio.open_nursery() as nursery:
-
-            async def watch_eof() -> None:
-                await eof.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch_eof)
-            with trio.move_on_after(agent.config.start_timeout) as timeout:
-                result = await self._internal_request(agent, "initialize", params)
-            nursery.cancel_scope.cancel()
-        if eof.is_set() and result is None:
-            with trio.move_on_after(EXIT_STATUS_WAIT):
-                await agent.exited.wait()
-            raise JsonRpcError(
-                INTERNAL_ERROR,
-                f"agent {agent.name!r} exited during initialize"
-                + (f" (status {agent.exit_status})" if agent.exit_status is not None else "")
-                + remote.start_failure(
-                    agent.config, agent.exit_status, agent.failure_data()["stderrTail"]
-                ),
-                agent.failure_data(),
-            )
-        if timeout.cancelled_caught:
-            raise JsonRpcError(
-                INTERNAL_ERROR,
-                f"agent {agent.name!r} did not answer initialize within "
-                f"{agent.config.start_timeout:g}s{remote.start_timeout_note(agent.config)}",
-                agent.failure_data(),
-            )
-        if not isinstance(result, dict):
-            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} answered initialize oddly")
-        if result.get("protocolVersion") != PROTOCOL_VERSION:
-            raise JsonRpcError(
-                INTERNAL_ERROR,
-                f"agent {agent.name!r} speaks protocol version "
-                f"{result.get('protocolVersion')!r}; the bridge speaks {PROTOCOL_VERSION}",
-                agent.failure_data(),
-            )
-        caps = result.get("agentCapabilities")
-        agent.capabilities = caps if isinstance(caps, dict) else {}
-        methods = result.get("authMethods")
-        agent.auth_methods = methods if isinstance(methods, list) else []
-        info = result.get("agentInfo")
-        agent.agent_info = info if isinstance(info, dict) else None
-
-    def _start_failed(self, agent: AgentLink, exc: JsonRpcError) -> None:
-        agent.state = AgentState.DEAD
-        agent.start_error = exc
-        agent.restarts.died(trio.current_time())
-        agent.settled.set()
-        self.log.error("agent_start_failed", agent=agent.name, error=exc.message)
-
-    async def _agent_gone(self, agent: AgentLink, *, reason: str) -> None:
-        """Every request waiting on the agent is answered; its sessions end."""
-        if agent.state is not AgentState.STOPPING:
-            if agent.state is AgentState.READY:
-                agent.restarts.died(trio.current_time())
-            agent.state = AgentState.DEAD
-        agent._send = None
-        agent._fd = None
-        agent.kill = None
-        status = f" (status {agent.exit_status})" if agent.exit_status is not None else ""
-        err = JsonRpcError(
-            INTERNAL_ERROR, f"agent {agent.name!r} {reason}{status}", agent.failure_data()
-        )
-        for _, entry in agent.pending.drain():
-            if isinstance(entry, Waiter):
-                entry.set(error_msg(None, err))
-                continue
-            client = entry.origin
-            assert isinstance(client, ClientLink)
-            client.done(entry.origin_id)
-            self._undo_forward(agent, entry, ok=False)
-            answer = dumps(error_msg(entry.origin_id, err))
-            session = entry.session
-            if client.closed and session is not None and session.client is None:
-                # Its connection is gone: held for whoever takes the session back.
-                if len(session.held_responses) < HELD_RESPONSES_MAX:
-                    held = (self._history(session).last_seq, entry.origin_id, answer)
-                    session.held_responses.append(held)
-                continue
-            await client.send(answer)
-        for agent_id, (client, client_id) in list(agent.inflight.items()):
-            shown = client.pending.get(client_id)
-            if shown is not None and isinstance(shown.extra, Ask):
-                await self.approvals.agent_gone(shown)
-                continue
-            del agent.inflight[agent_id]
-            client.pending.pop(client_id)
-            await client.send(dumps(notification_msg("$/cancel_request", {"requestId": client_id})))
-        for session in self.sessions.of_agent(agent.name):
-            session.state = SessionState.ENDED
-            for entry in list(session.parked):
-                if isinstance(entry.extra, Ask):
-                    await self.approvals.agent_gone(entry)
-            session.parked.clear()
-            session.pending_permissions.clear()
-        agent.new_in_flight = 0
-        agent.early_updates.clear()
-
-    async def _agent_writer(
-        self,
-        agent: AgentLink,
-        receive: trio.MemoryReceiveChannel[bytes],
-        stream: trio.abc.SendStream,
-    ) -> None:
-        try:
-            await pump_channel(receive, stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            # The agent closed its stdin (or died); its reader sees EOF and reports it.
-            self.log.debug("agent_stdin_closed", agent=agent.name)
-
-    async def _agent_stderr(self, agent: AgentLink, stream: trio.abc.ReceiveStream) -> None:
-        """
-        Every stderr line becomes a ``_acp_bridge/log`` notification (rate-limited) and a log
-        line; the protocol reader is another task, so a flood here never delays it.
-        """
-        try:
-            while data := await stream.receive_some(READ_CHUNK):
-                for line in agent.stderr.feed(data):
-                    await self.agent_log(agent, guess_level(line), line, stream="stderr")
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        tail = agent.stderr.flush()
-        if tail is not None:
-            await self.agent_log(agent, guess_level(tail), tail, stream="stderr")
+        """Start the agent if needed and wait until it completed ``initialize`` (Supervisor)."""
+        await self.supervisor.ensure_ready(agent)
 
     async def agent_log(
         self, agent: AgentLink, level: str, message: str, *, stream: str | None
     ) -> None:
-        """
-        A diagnostic about an agent, to the clients of its sessions (all clients while it has
-        none), as ``_acp_bridge/log``. Agent output is rate-limited per agent; the bridge's
-        own events (``stream=None``) never are. Secrets are redacted.
-        """
-        if stream is not None and not self._log_budget(agent):
-            return
-        text = self.redactor.redact(message)
-        if stream is not None:
-            self.log.info("agent_" + stream, agent=agent.name, level=level, line=text)
-        params: JsonObject = {
-            "level": level,
-            "logger": f"agent.{agent.name}" if stream is not None else "acp_bridge",
-        }
-        sessions = self.sessions.of_agent(agent.name)
-        if len(sessions) == 1:
-            params["sessionId"] = sessions[0].bridge_id
-        data: JsonObject = {"message": text, "agent": agent.name}
-        if stream is not None:
-            data["stream"] = stream
-        params["data"] = data
-        line = dumps(notification_msg("_acp_bridge/log", params))
-        owners = {s.client for s in sessions if s.client is not None}
-        targets = owners if sessions else {c for c in self.clients if c.initialized}
-        for client in targets:
-            if client.wants_log(level):
-                client.offer(line)
-
-    def _log_budget(self, agent: AgentLink) -> bool:
-        now = trio.current_time()
-        agent.log_tokens = min(LOG_BURST, agent.log_tokens + (now - agent.log_stamp) * LOG_RATE)
-        agent.log_stamp = now
-        if agent.log_tokens >= 1:
-            agent.log_tokens -= 1
-            return True
-        if not agent.log_suppressed:
-            self.deadlines.schedule(
-                ("log_suppressed", agent), now + 1.0, functools.partial(self._log_summary, agent)
-            )
-        agent.log_suppressed += 1
-        return False
-
-    async def _log_summary(self, agent: AgentLink) -> None:
-        count, agent.log_suppressed = agent.log_suppressed, 0
-        if count:
-            await self.agent_log(
-                agent,
-                "warning",
-                f"{count} lines of agent output suppressed (more than {LOG_RATE:g}/s)",
-                stream=None,
-            )
+        """A diagnostic about an agent to the clients of its sessions (see LogChannel)."""
+        await self.logs.agent_log(agent, level, message, stream=stream)
 
     async def _agent_reader(
         self, agent: AgentLink, stream: trio.abc.ReceiveStream, eof: trio.Event
@@ -2200,10 +1886,7 @@ class Bridge:
 
     async def stop_agents(self) -> None:
         """Stop every agent (stdin EOF → SIGTERM → SIGKILL) and wait for them."""
-        for agent in self.agents.values():
-            if agent.stop_scope is not None and agent.state is not AgentState.STOPPED:
-                agent.state = AgentState.STOPPING
-                agent.stop_scope.cancel()
+        await self.supervisor.stop_agents()
 
 
 #: Agent calls whose path (or cwd) must stay inside the session's roots: method → param.

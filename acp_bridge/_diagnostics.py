@@ -1,12 +1,18 @@
 """
 Diagnostics, pure: the severities of the log channel (``_acp_bridge/log``, shaped after ACP
-RFD #392) and the level an agent's stderr line announces.
+RFD #392), the one shape of its notifications, the per-agent rate budget, and the level an
+agent's stderr line announces.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 #: RFC 5424 severities, as ACP RFD #392 names them, lowest first
 LOG_LEVELS: Final = (
@@ -24,6 +30,8 @@ LEVEL_RANK: Final = {name: rank for rank, name in enumerate(LOG_LEVELS)}
 #: burst); what it holds back is counted and summarized ("N lines suppressed") a second later
 LOG_RATE: Final = 50.0
 LOG_BURST: Final = 200.0
+#: the log channel's notification method (a bridge extension: the ``_`` prefix)
+LOG_METHOD: Final = "_acp_bridge/log"
 #: level words an agent's stderr line may start with (bare, in capitals)...
 _LEVEL_BARE: Final = re.compile(
     r"^\W{0,3}(?:[\d:.TZ+-]+\s+)?(TRACE|DEBUG|INFO|NOTICE|WARN(?:ING)?|ERR(?:OR)?|FATAL|"
@@ -54,6 +62,58 @@ _LEVEL_OF_WORD: Final = {
 }
 
 
+def log_params(
+    level: str,
+    message: str,
+    *,
+    logger: str = "acp_bridge",
+    session_id: str | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """
+    The params of one ``_acp_bridge/log`` notification: ``level``, ``logger`` (``acp_bridge``
+    for the bridge's own events, ``agent.<name>`` for an agent's output), ``sessionId`` when it
+    is about one session, and ``data`` (``message`` first, then ``data``'s fields).
+    """
+    params: dict[str, Any] = {"level": level, "logger": logger}
+    if session_id is not None:
+        params["sessionId"] = session_id
+    params["data"] = {"message": message, **data} if data else {"message": message}
+    return params
+
+
+@attrs.define
+class LogBudget:
+    """
+    One agent's budget of diagnostic lines: a token bucket of ``burst`` lines refilled at
+    ``rate`` a second (clock given: ``now`` in seconds, any monotonic origin). At the bound a
+    line is held back and counted in ``suppressed``, for a summary the caller sends later.
+    """
+
+    rate: float = LOG_RATE
+    burst: float = LOG_BURST
+    tokens: float = attrs.field(default=attrs.Factory(lambda self: self.burst, takes_self=True))
+    #: when ``tokens`` was last brought up to date
+    stamp: float = 0.0
+    #: lines held back since the last :meth:`take_suppressed`
+    suppressed: int = 0
+
+    def take(self, now: float) -> bool:
+        """One line at ``now``: True if it may go; False if it is held back (and counted)."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        self.suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        """The lines held back since the last call (the count starts again at 0)."""
+        count, self.suppressed = self.suppressed, 0
+        return count
+
+
 def guess_level(line: str) -> str:
     """The severity an agent's stderr line announces (``info`` when it says none)."""
     head = line[:120]
@@ -61,4 +121,13 @@ def guess_level(line: str) -> str:
     return _LEVEL_OF_WORD[found.group(1).lower()] if found else "info"
 
 
-__all__ = ["LEVEL_RANK", "LOG_BURST", "LOG_LEVELS", "LOG_RATE", "guess_level"]
+__all__ = [
+    "LEVEL_RANK",
+    "LOG_BURST",
+    "LOG_LEVELS",
+    "LOG_METHOD",
+    "LOG_RATE",
+    "LogBudget",
+    "guess_level",
+    "log_params",
+]

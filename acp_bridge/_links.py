@@ -20,7 +20,7 @@ import trio
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
 from acp_bridge._agent import StderrRing
-from acp_bridge._diagnostics import LEVEL_RANK, LOG_BURST
+from acp_bridge._diagnostics import LEVEL_RANK, LogBudget
 from acp_bridge._routing import Forwarded, PendingTable
 
 if TYPE_CHECKING:
@@ -443,9 +443,8 @@ class AgentLink:
     stop_scope: trio.CancelScope | None = None
     tracer: Tracer | None = None
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    log_tokens: float = LOG_BURST
-    log_stamp: float = 0.0
-    log_suppressed: int = 0
+    #: its diagnostic lines' rate budget, across its lives
+    log_budget: LogBudget = attrs.field(factory=LogBudget)
     #: why the bridge killed this life of the agent (:meth:`fail`), None: it was not
     failure: str | None = None
     #: kills the running process at once (from its transport)

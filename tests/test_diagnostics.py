@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._config import AgentConfig, Config, StoreConfig
-from acp_bridge._diagnostics import guess_level
+from acp_bridge._diagnostics import LOG_BURST, LOG_RATE, LogBudget, guess_level, log_params
 from acp_bridge._framing import LineDecoder
 from acp_bridge._jsonrpc import Kind, classify, loads
 from acp_bridge._log import configure_logging
@@ -48,6 +48,74 @@ def logs(client):
 )
 def test_guess_level(line, level):
     assert guess_level(line) == level
+
+
+def test_log_params_of_the_bridge_about_a_session():
+    """The bridge's own event: logger acp_bridge, the session, the message before the data."""
+    params = log_params(
+        "warning", "denied", session_id="b1", data={"toolCallId": "t", "agent": "a"}
+    )
+    assert params == {
+        "level": "warning",
+        "logger": "acp_bridge",
+        "sessionId": "b1",
+        "data": {"message": "denied", "toolCallId": "t", "agent": "a"},
+    }
+    assert list(params) == ["level", "logger", "sessionId", "data"]
+    assert list(params["data"]) == ["message", "toolCallId", "agent"]
+
+
+def test_log_params_of_an_agent_without_a_session():
+    """An agent's output: its own logger, no sessionId key at all, and nothing but the message
+    when there is no data."""
+    params = log_params("error", "boom", logger="agent.a", data={"agent": "a", "stream": "stderr"})
+    assert params == {
+        "level": "error",
+        "logger": "agent.a",
+        "data": {"message": "boom", "agent": "a", "stream": "stderr"},
+    }
+    assert log_params("info", "hi") == {
+        "level": "info",
+        "logger": "acp_bridge",
+        "data": {"message": "hi"},
+    }
+
+
+def test_a_log_budget_lets_its_burst_through_then_counts_what_it_holds_back():
+    budget = LogBudget()
+    assert [budget.take(100.0) for _ in range(int(LOG_BURST))] == [True] * int(LOG_BURST)
+    assert not budget.take(100.0)
+    assert not budget.take(100.0)
+    assert budget.suppressed == 2
+    assert budget.take_suppressed() == 2
+    assert budget.take_suppressed() == 0  # counted once
+
+
+def test_a_log_budget_refills_at_its_rate_up_to_its_burst():
+    budget = LogBudget(rate=4.0, burst=3.0)
+    assert [budget.take(0.0) for _ in range(4)] == [True, True, True, False]
+    assert not budget.take(0.125)  # half a token so far
+    assert budget.take(0.25)  # one token: one line
+    assert not budget.take(0.25)
+    # A long silence refills to the burst, no more.
+    assert [budget.take(1000.0) for _ in range(4)] == [True, True, True, False]
+    assert budget.suppressed == 4  # one at each False above
+    assert LogBudget().rate == LOG_RATE
+
+
+@settings(max_examples=200, deadline=None)
+@given(gaps=st.lists(st.floats(min_value=0.0, max_value=0.5), max_size=300))
+def test_property_a_log_budget_never_lets_more_than_burst_plus_rate_times_time(gaps):
+    """Whatever the timing: what passes is at most the burst plus what the rate refilled, and
+    every line either passes or is counted."""
+    budget = LogBudget(rate=20.0, burst=5.0)
+    now = 0.0
+    passed = 0
+    for gap in gaps:
+        now += gap
+        passed += budget.take(now)
+    assert passed <= 5.0 + 20.0 * now + 1e-9  # (the sums of floats may round either way)
+    assert passed + budget.suppressed == len(gaps)
 
 
 async def test_stderr_and_stray_stdout_become_log_notifications_and_the_session_lives():

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 import trio
 
-from acp_bridge import __version__
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
 from acp_bridge import _status_report as status_report
@@ -39,20 +38,13 @@ from acp_bridge._backoff import Restarts
 from acp_bridge._cancel import Cancel
 from acp_bridge._capabilities import (
     CLIENT_METHOD_GATES,
-    CONNECTION_METHODS,
     CONTAINED_PATHS,
-    LOOK_ONLY_METHODS,
-    SESSION_METHODS,
-    advertised,
     agent_selector,
-    check_prompt_content,
     has_session_cap,
-    strip_unsupported_setup,
 )
 from acp_bridge._containment import PathRefused, contain
-from acp_bridge._diagnostics import LEVEL_RANK as _LEVEL_RANK
-from acp_bridge._diagnostics import LOG_LEVELS
 from acp_bridge._framing import LineDecoder, Oversize
+from acp_bridge._from_client import FromClient
 from acp_bridge._hub import Hub
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
@@ -94,11 +86,10 @@ from acp_bridge._routing import (
     roots_of,
     track_setup,
 )
+from acp_bridge._session_requests import SessionRequests
 from acp_bridge._store import AuditRecord
 from acp_bridge._supervisor import Supervisor
 from acp_bridge._wire import (
-    PROTOCOL_VERSION,
-    attached_elsewhere,
     bridge_meta,
     id_of,
     is_id,
@@ -217,15 +208,39 @@ class Bridge:
         )
         self.cancel = Cancel(
             hub,
-            not_delivered=self._not_delivered,
+            not_delivered=hub.not_delivered,
             agent_response=self._agent_response,
             send_log=self.logs.send_log,
             settle_session=self.approvals.settle_session,
         )
         self.listing = Listing(
-            hub, internal_request=self.supervisor.internal_request, reply_error=self._reply_error
+            hub, internal_request=self.supervisor.internal_request, reply_error=hub.reply_error
         )
         self.log = logger
+        #: a client's requests on its sessions, and forward: the last step to an agent
+        self.session_requests = SessionRequests(
+            hub,
+            ensure_ready=self.ensure_ready,
+            undo_forward=self._undo_forward,
+            load_unknown=self._load_unknown,
+            stored_request=self._stored_request,
+            reused_request=self._reused_request,
+            reattach=self._reattach,
+            attach=self._attach,
+            forget=self._forget,
+            settle_permissions=self.cancel.settle_permissions,
+        )
+        #: every line a client sends (the transports call handle_client_line)
+        self.from_client = FromClient(
+            hub,
+            session_request=self.session_requests.request,
+            forward=self.session_requests.forward,
+            ensure_ready=self.ensure_ready,
+            status=self.status,
+            session_list=self.listing.session_list,
+            cancel_session=self.cancel.cancel_session,
+            client_response=self._client_response,
+        )
 
     # ------------------------------------------------------------------ lifetime
 
@@ -515,269 +530,8 @@ class Bridge:
     # ------------------------------------------------------------------ client → bridge
 
     async def handle_client_line(self, client: ClientLink, line: bytes | Oversize) -> None:
-        """Handle one line from a client: answer it, or route it to an agent."""
-        self.counters["from_client"] += 1
-        if self.tracer is not None and isinstance(line, bytes):
-            self.tracer(f"client:{client.name}", "in", line)
-        if isinstance(line, Oversize):
-            await self._reply_error(
-                client,
-                None,
-                JsonRpcError.invalid_request(f"message of {line.size} bytes is over the limit"),
-            )
-            return
-        try:
-            msg = loads(line)
-        except JsonRpcError as exc:
-            await self._reply_error(client, None, exc)
-            return
-        kind = classify(msg)
-        if kind is Kind.REQUEST:
-            try:
-                await self._client_request(client, msg)
-            except JsonRpcError as exc:
-                await self._reply_error(client, msg["id"], exc)
-        elif kind is Kind.NOTIFICATION:
-            await self._client_notification(client, msg)
-        elif kind is Kind.RESPONSE:
-            await self._client_response(client, msg)
-        elif isinstance(msg, list):
-            await self._reply_error(
-                client, None, JsonRpcError.invalid_request("batches are not supported")
-            )
-        else:
-            await self._reply_error(client, id_of(msg), JsonRpcError.invalid_request())
-
-    async def _reply_error(self, client: ClientLink, id_: JsonRpcId, exc: JsonRpcError) -> None:
-        self.counters[f"error:{exc.code}"] += 1
-        await client.send(dumps(error_msg(id_, exc)))
-
-    async def _client_request(self, client: ClientLink, msg: JsonObject) -> None:
-        method: str = msg["method"]
-        if method == "initialize":
-            await self._initialize(client, msg)
-            return
-        if not client.initialized:
-            raise JsonRpcError.invalid_request("the first request must be initialize")
-        params = params_of(msg)
-        if method in SESSION_METHODS:
-            await self._session_request(client, msg, params)
-        elif method == "session/new":
-            await self._session_new(client, msg, params)
-        elif method == "session/list":
-            self._spawn(self.listing.session_list, client, msg, params)
-        elif method == "authenticate":
-            await self._auth_request(client, msg, params)
-        elif method in CONNECTION_METHODS:
-            await self._connection_request(client, msg, params)
-        elif method == "_acp_bridge/set_log_level":
-            level = params.get("level")
-            if not isinstance(level, str) or level not in _LEVEL_RANK:
-                raise JsonRpcError.invalid_params(f"level: expected one of {', '.join(LOG_LEVELS)}")
-            client.log_level = level
-            client.extensions = True
-            await client.send(dumps(result_msg(msg["id"], {})))
-        elif method == "_acp_bridge/status":
-            await client.send(dumps(result_msg(msg["id"], self.status())))
-        elif method == "_acp_bridge/agents":
-            await client.send(
-                dumps(
-                    result_msg(
-                        msg["id"],
-                        {
-                            "default": self.default_agent,
-                            "agents": [a.describe() for a in self.agents.values()],
-                        },
-                    )
-                )
-            )
-        elif isinstance(params.get("sessionId"), str) and (
-            method.startswith("_") or self.sessions.get(params["sessionId"]) is not None
-        ):
-            # What the bridge does not know goes to the session's agent, which answers it
-            # (its own -32601 when it does not know it either).
-            await self._session_request(client, msg, params)
-        else:
-            raise JsonRpcError.method_not_found(method)
-
-    async def _initialize(self, client: ClientLink, msg: JsonObject) -> None:
-        params = params_of(msg)
-        requested = params.get("protocolVersion")
-        if type(requested) is not int:
-            raise JsonRpcError.invalid_params("protocolVersion: expected an integer")
-        ours = bridge_meta(params)
-        log_level = ours.get("log")
-        if log_level is not None and (
-            not isinstance(log_level, str) or log_level not in _LEVEL_RANK
-        ):
-            raise JsonRpcError.invalid_params(
-                f"_meta.acp_bridge.log: expected one of {', '.join(LOG_LEVELS)}"
-            )
-        caps = params.get("clientCapabilities")
-        client.capabilities = caps if isinstance(caps, dict) else {}
-        client.want_seq = ours.get("seq") is True
-        client.log_level = log_level
-        # Any _meta.acp_bridge marks a client written for the bridge (ours add one).
-        meta = params.get("_meta")
-        client.extensions = isinstance(meta, dict) and isinstance(meta.get("acp_bridge"), dict)
-        self._client_capabilities = client.capabilities
-        default = self.agents[self.default_agent]
-        try:
-            await self.ensure_ready(default)
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
-            return
-        client.initialized = True
-        # The only version the bridge speaks (the spec: the requested one when supported,
-        # else the latest supported; 0 is no version at all).
-        version = PROTOCOL_VERSION
-        caps_out = advertised(default.capabilities, [a.capabilities for a in self.agents.values()])
-        answer: JsonObject = {
-            "protocolVersion": version,
-            "agentCapabilities": caps_out,
-            "authMethods": default.auth_methods,
-            "agentInfo": {"name": "acp-bridge", "title": "acp-bridge", "version": __version__},
-            "_meta": {
-                "acp_bridge": {
-                    "defaultAgent": self.default_agent,
-                    "agents": list(self.agents),
-                }
-            },
-        }
-        await client.send(dumps(result_msg(msg["id"], answer)))
-
-    async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
-        name = agent_selector(params) or self.default_agent
-        agent = self.agents.get(name)
-        if agent is None:
-            raise JsonRpcError.invalid_params(
-                f"unknown agent {name!r}; configured: {', '.join(self.agents)}"
-            )
-        if agent.state is AgentState.READY:
-            await self._forward_session_new(client, msg, params, agent)
-        else:
-            self._spawn(self._session_new_when_ready, client, msg, params, agent)
-
-    async def _session_new_when_ready(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
-    ) -> None:
-        try:
-            await self.ensure_ready(agent)
-            await self._forward_session_new(client, msg, params, agent)
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
-
-    async def _forward_session_new(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
-    ) -> None:
-        self.redactor.add_mcp_servers(params.get("mcpServers"))
-        if stripped := strip_unsupported_setup(agent.capabilities, params):
-            self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
-        agent.new_in_flight += 1
-        setup = Setup(roots_of(params), bridge_meta(params).get("unattended") is True)
-        await self._forward(client, msg, agent, None, setup)
-
-    async def _session_request(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject
-    ) -> None:
-        method: str = msg["method"]
-        sid = params.get("sessionId")
-        if not isinstance(sid, str):
-            raise JsonRpcError.invalid_params("sessionId must be a string")
-        session = self.sessions.get(sid)
-        if session is None:
-            if method in ("session/load", "session/resume"):
-                await self._load_unknown(client, msg, params, sid)
-                return
-            if method == "session/delete":
-                await client.send(dumps(result_msg(msg["id"], {})))  # unknown: silently fine
-                return
-            raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
-        owner = session.client
-        elsewhere = owner is not None and owner is not client and not owner.closed
-        if elsewhere and method not in ("session/load", "session/resume"):
-            # Only the owner acts on a session (close and delete above all: the bridge serves
-            # them itself for most agents); another connection must take it over first.
-            raise attached_elsewhere(sid)
-        agent = self.agents[session.agent]
-        if session.state is SessionState.STORED:
-            await self._stored_request(client, msg, params, session, agent)
-            return
-        if session.state is SessionState.ENDED and not self.sessions.owns_agent_id(session):
-            await self._reused_request(client, msg, session)
-            return
-        live = session.state is SessionState.ACTIVE and agent.state is AgentState.READY
-        if live and method in ("session/load", "session/resume"):
-            await self._reattach(client, msg, params, session)
-            return
-        if (
-            live
-            and method in ("session/close", "session/delete")
-            and not has_session_cap(agent.capabilities, method.removeprefix("session/"))
-        ):
-            await self._close_without_agent(client, msg, session, agent)
-            return
-        if elsewhere:  # a load or resume that the bridge cannot serve as a takeover
-            raise attached_elsewhere(sid)
-        if owner is None and live and method not in LOOK_ONLY_METHODS:
-            await self._attach(session, client)
-        if agent.state is not AgentState.READY:
-            if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
-                self._spawn(self._session_request_when_ready, client, msg, params, session)
-                return
-            raise JsonRpcError(
-                INTERNAL_ERROR,
-                f"session {sid!r} ended: agent {agent.name!r} is {agent.state.value}",
-                agent.failure_data(),
-            )
-        await self._forward_session_request(client, msg, params, session, agent)
-
-    async def _session_request_when_ready(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
-    ) -> None:
-        agent = self.agents[session.agent]
-        try:
-            await self.ensure_ready(agent)
-            await self._forward_session_request(client, msg, params, session, agent)
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
-
-    async def _forward_session_request(
-        self,
-        client: ClientLink,
-        msg: JsonObject,
-        params: JsonObject,
-        session: Session,
-        agent: AgentLink,
-    ) -> None:
-        method: str = msg["method"]
-        gate = SESSION_METHODS.get(method)
-        if gate is not None and not gate(agent.capabilities):
-            raise JsonRpcError.method_not_found(
-                method, f"agent {agent.name!r} does not support {method}"
-            )
-        if method == "session/prompt":
-            check_prompt_content(agent.name, agent.capabilities, params)
-            self._remember_prompt(session, params)
-        elif method in ("session/load", "session/resume", "session/fork"):
-            self.redactor.add_mcp_servers(params.get("mcpServers"))
-            if stripped := strip_unsupported_setup(agent.capabilities, params):
-                self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
-            if method == "session/load":
-                # Replayed updates arrive before the response: route them already.
-                previous = (session.state, session.client)
-                session.state = SessionState.LOADING
-                session.client = client
-                await self._forward(client, msg, agent, session, previous)
-                return
-        if session.client is None and method not in LOOK_ONLY_METHODS:
-            session.client = client
-        if session.rewrite:
-            params["sessionId"] = session.agent_id
-        setup = None
-        if method == "session/fork":
-            setup = Setup(roots_of(params) or session.roots, session.unattended)
-        await self._forward(client, msg, agent, session, setup)
+        """Handle one line from a client: answer it, or route it to an agent (``_from_client``)."""
+        await self.from_client.line(client, line)
 
     async def _stored_request(
         self,
@@ -838,8 +592,7 @@ class Bridge:
             if not self.sessions.owns_agent_id(session):
                 reason = f"agent {agent.name!r} gave its id to a new session"
             elif agent.capabilities.get("loadSession"):
-                if stripped := strip_unsupported_setup(agent.capabilities, params):
-                    self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
+                self.hub.strip_setup(agent, params)
                 query = {**params, "sessionId": session.agent_id}
                 query.pop("_meta", None)
                 session.state = SessionState.LOADING
@@ -868,7 +621,7 @@ class Bridge:
         try:
             await self._replay_journal(client, msg, params, session, reason)
         except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
+            await self.hub.reply_error(client, msg["id"], exc)
 
     async def _replay_journal(
         self,
@@ -1030,38 +783,6 @@ class Bridge:
             set_seq(params, seq)
         return dumps(msg)
 
-    async def _close_without_agent(
-        self, client: ClientLink, msg: JsonObject, session: Session, agent: AgentLink
-    ) -> None:
-        """
-        ``session/close`` (or ``delete``) for an agent without it: cancel its work, forget the
-        session (delete: its journal too).
-        """
-        agent.send_nowait(
-            dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
-        )
-        await self.cancel.settle_permissions(session, "cancelled", "close")
-        self.sessions.remove(session)
-        self._forget(session, delete=msg["method"] == "session/delete")
-        await client.send(dumps(result_msg(msg["id"], {})))
-
-    def _remember_prompt(self, session: Session, params: JsonObject) -> None:
-        """The user's prompt goes into the history as user_message_chunk updates (for load)."""
-        prompt = params.get("prompt")
-        if not isinstance(prompt, list):
-            return
-        history = self._history(session)
-        for block in prompt:
-            update = {"sessionUpdate": "user_message_chunk", "content": block}
-            data = dumps(
-                notification_msg(
-                    "session/update", {"sessionId": session.bridge_id, "update": update}
-                )
-            )
-            history.append(data, live=False)
-        if self.journal is not None:
-            self.journal.updated(session.bridge_id, history)
-
     async def _load_unknown(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
     ) -> None:
@@ -1078,7 +799,9 @@ class Bridge:
         session.unattended = bridge_meta(params).get("unattended") is True
         if agent.state is AgentState.READY:
             try:
-                await self._forward_session_request(client, msg, params, session, agent)
+                await self.session_requests.forward_session_request(
+                    client, msg, params, session, agent
+                )
             except JsonRpcError:
                 self.sessions.remove(session)  # it never went out: nothing to keep
                 raise
@@ -1091,131 +814,10 @@ class Bridge:
         agent = self.agents[session.agent]
         try:
             await self.ensure_ready(agent)
-            await self._forward_session_request(client, msg, params, session, agent)
+            await self.session_requests.forward_session_request(client, msg, params, session, agent)
         except JsonRpcError as exc:
             self.sessions.remove(session)
-            await self._reply_error(client, msg["id"], exc)
-
-    async def _forward(
-        self,
-        client: ClientLink,
-        msg: JsonObject,
-        agent: AgentLink,
-        session: Session | None,
-        context: Any = None,
-    ) -> None:
-        """Send a client request on to an agent under a bridge id; the response comes back."""
-        origin_id = msg["id"]
-        entry = Forwarded(client, origin_id, msg["method"], session, context)
-        bridge_id = agent.pending.add(entry)
-        msg["id"] = bridge_id
-        remote.map_to_agent(agent.config, msg["method"], params_of(msg))
-        if not agent.send_nowait(dumps(msg)):
-            agent.pending.pop(bridge_id)
-            self._undo_forward(agent, entry, ok=False)
-            msg["id"] = origin_id  # the error goes back under the client's own id
-            raise JsonRpcError(
-                INTERNAL_ERROR,
-                f"agent {agent.name!r} is not accepting input (queue full or not running)",
-                agent.failure_data(),
-            )
-        client.inflight[origin_id] = (agent, bridge_id)
-
-    async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
-        name = agent_selector(params)
-        if name is None:
-            method_id = params.get("methodId")
-            for candidate in (self.agents[self.default_agent], *self.agents.values()):
-                if candidate.state is AgentState.READY and any(
-                    isinstance(m, dict) and m.get("id") == method_id for m in candidate.auth_methods
-                ):
-                    name = candidate.name
-                    break
-        agent = self.agents.get(name or self.default_agent)
-        if agent is None:
-            raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
-        if agent.state is not AgentState.READY:
-            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is {agent.state.value}")
-        await self._forward(client, msg, agent, None)
-
-    async def _connection_request(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject
-    ) -> None:
-        """``logout``, ``auth/status``, ``providers/*``: to the named (or default) agent."""
-        name = agent_selector(params) or self.default_agent
-        agent = self.agents.get(name)
-        if agent is None:
-            raise JsonRpcError.invalid_params(
-                f"unknown agent {name!r}; configured: {', '.join(self.agents)}"
-            )
-        if agent.state is AgentState.READY:
-            await self._forward_connection_request(client, msg, agent)
-        else:
-            self._spawn(self._connection_request_when_ready, client, msg, agent)
-
-    async def _connection_request_when_ready(
-        self, client: ClientLink, msg: JsonObject, agent: AgentLink
-    ) -> None:
-        try:
-            await self.ensure_ready(agent)
-            await self._forward_connection_request(client, msg, agent)
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
-
-    async def _forward_connection_request(
-        self, client: ClientLink, msg: JsonObject, agent: AgentLink
-    ) -> None:
-        method: str = msg["method"]
-        if not CONNECTION_METHODS[method](agent.capabilities):
-            raise JsonRpcError.method_not_found(
-                method, f"agent {agent.name!r} does not support {method}"
-            )
-        await self._forward(client, msg, agent, None)
-
-    async def _client_notification(self, client: ClientLink, msg: JsonObject) -> None:
-        method: str = msg["method"]
-        params = params_of(msg)
-        if method == "session/cancel":
-            await self.cancel.cancel_session(client, msg, params)
-        elif method == "$/cancel_request":
-            request_id = params.get("requestId")
-            target = client.inflight.get(request_id) if is_id(request_id) else None
-            if target is not None:
-                agent, bridge_id = target
-                cancel = notification_msg("$/cancel_request", {"requestId": bridge_id})
-                if not agent.send_nowait(dumps(cancel)):
-                    self._not_delivered(client, agent, method, None)
-        elif method.startswith("_") and isinstance(params.get("sessionId"), str):
-            session = self.sessions.get(params["sessionId"])
-            # Another connection's session is not this one's to act on: dropped, as a
-            # notification cannot be refused (session/cancel does the same).
-            if session is not None and session.client in (client, None):
-                if session.rewrite:
-                    params["sessionId"] = session.agent_id
-                agent = self.agents[session.agent]
-                if not agent.send_nowait(dumps(msg)):
-                    self._not_delivered(client, agent, method, session)
-        # Any other notification is ignored, as the spec asks.
-
-    def _not_delivered(
-        self, client: ClientLink, agent: AgentLink, method: str, session: Session | None
-    ) -> None:
-        """
-        A client's notification found its agent's queue full (or the agent gone): it cannot
-        be answered, so the client is told with a ``_acp_bridge/log`` warning instead.
-        """
-        self.log.warning("notification_not_delivered", agent=agent.name, method=method)
-        if not client.wants_log("warning"):
-            return
-        why = "is not running" if agent.state is not AgentState.READY else "has a full queue"
-        params: JsonObject = {"level": "warning", "logger": "acp_bridge"}
-        if session is not None:
-            params["sessionId"] = session.bridge_id
-        params["data"] = {
-            "message": f"{method} not delivered: agent {agent.name!r} {why}",
-            "agent": agent.name,
-        }
-        client.offer(dumps(notification_msg("_acp_bridge/log", params)))
+            await self.hub.reply_error(client, msg["id"], exc)
 
     async def _client_response(self, client: ClientLink, msg: JsonObject) -> None:
         client_id = msg["id"]

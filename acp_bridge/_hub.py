@@ -1,6 +1,7 @@
 """
 The hub: the state the bridge's services share, and the few things every one of them does
-with it (start a task, record a session, open its history).
+with it (start a task, record a session, open its history, answer a client's request with an
+error, tell a client its notification went nowhere).
 
 It decides nothing. The services (``_supervisor``, ``_from_client``, ``_from_agent``, ...)
 each hold the hub and the callables they need of one another, given at construction by the
@@ -16,7 +17,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import structlog
 
-from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError
+from acp_bridge._capabilities import strip_unsupported_setup
+from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
+from acp_bridge._jsonrpc import error as error_msg
+from acp_bridge._jsonrpc import notification as notification_msg
+from acp_bridge._links import AgentState
 from acp_bridge._routing import History, Session, SessionTable
 from acp_bridge._store import SessionRow
 from acp_bridge._timers import Deadlines
@@ -99,6 +104,11 @@ class Hub:
                 )
             )
 
+    def strip_setup(self, agent: AgentLink, params: JsonObject) -> None:
+        """Drop from a session's setup what ``agent`` cannot take (logged, names only)."""
+        if stripped := strip_unsupported_setup(agent.capabilities, params):
+            self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
+
     def history(self, session: Session) -> History:
         """The session's replay history, made (and followed by the journal) on first use."""
         if session.history is None:
@@ -109,6 +119,31 @@ class Hub:
             if self.journal is not None:
                 self.journal.follow(session.bridge_id, session.history)
         return session.history
+
+    async def reply_error(self, client: ClientLink, id_: JsonRpcId, exc: JsonRpcError) -> None:
+        """Answer a client's request (``id_``; None: unreadable) with an error, counted."""
+        self.counters[f"error:{exc.code}"] += 1
+        await client.send(dumps(error_msg(id_, exc)))
+
+    def not_delivered(
+        self, client: ClientLink, agent: AgentLink, method: str, session: Session | None
+    ) -> None:
+        """
+        A client's notification found its agent's queue full (or the agent gone): it cannot
+        be answered, so the client is told with a ``_acp_bridge/log`` warning instead.
+        """
+        self.log.warning("notification_not_delivered", agent=agent.name, method=method)
+        if not client.wants_log("warning"):
+            return
+        why = "is not running" if agent.state is not AgentState.READY else "has a full queue"
+        params: JsonObject = {"level": "warning", "logger": "acp_bridge"}
+        if session is not None:
+            params["sessionId"] = session.bridge_id
+        params["data"] = {
+            "message": f"{method} not delivered: agent {agent.name!r} {why}",
+            "agent": agent.name,
+        }
+        client.offer(dumps(notification_msg("_acp_bridge/log", params)))
 
 
 __all__ = ["Hub"]

@@ -426,6 +426,41 @@ async def test_stalled_agent_never_blocks_other_sessions():
             nursery.cancel_scope.cancel()
 
 
+async def test_a_notification_its_agent_cannot_take_is_reported_to_the_client():
+    """A client's notification that finds its agent's queue full cannot be answered: a client
+    that asked for logs gets an ``_acp_bridge/log`` warning naming it; one that did not, none."""
+    stuck = FakeAgent("stuck")
+    async with (
+        open_bridge({"stuck": stuck}, agent_queue=1) as (client, bridge),
+        trio.open_nursery() as nursery,
+    ):
+        quiet = await connect(bridge, nursery, log=None, name="quiet")
+        quiet_sid = await quiet.new_session()
+        sid = await client.new_session()
+        assert (await client.prompt(sid, "stall"))["result"]["stopReason"] == "end_turn"
+        for n in range(12):  # more than the agent, its writer and its queue take
+            await client.notify("_x/ping", {"sessionId": sid, "n": n})
+            await quiet.notify("_x/ping", {"sessionId": quiet_sid, "n": n})
+        await trio.testing.wait_all_tasks_blocked()
+        warnings = [m["params"] for m in client.received if m.get("method") == "_acp_bridge/log"]
+        assert warnings, client.received
+        assert all(
+            w
+            == {
+                "level": "warning",
+                "logger": "acp_bridge",
+                "sessionId": sid,
+                "data": {
+                    "message": "_x/ping not delivered: agent 'stuck' has a full queue",
+                    "agent": "stuck",
+                },
+            }
+            for w in warnings
+        ), warnings
+        assert not [m for m in quiet.received if m.get("method") == "_acp_bridge/log"]
+        nursery.cancel_scope.cancel()
+
+
 async def test_updates_sent_before_the_session_new_response_arrive_before_it():
     a = FakeAgent("a", early_update=True)
     async with open_bridge({"a": a}) as (client, _):

@@ -23,7 +23,6 @@ Backpressure:
 from __future__ import annotations
 
 import collections
-import functools
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -32,15 +31,13 @@ import trio
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
 from acp_bridge import _status_report as status_report
-from acp_bridge._approvals import Approvals, Ask, park
+from acp_bridge._approvals import Approvals, Ask
 from acp_bridge._audit import AuditLog
 from acp_bridge._backoff import Restarts
 from acp_bridge._cancel import Cancel
 from acp_bridge._capabilities import (
     CLIENT_METHOD_GATES,
     CONTAINED_PATHS,
-    agent_selector,
-    has_session_cap,
 )
 from acp_bridge._containment import PathRefused, contain
 from acp_bridge._framing import LineDecoder, Oversize
@@ -48,7 +45,6 @@ from acp_bridge._from_client import FromClient
 from acp_bridge._hub import Hub
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
-    RESOURCE_NOT_FOUND,
     JsonObject,
     JsonRpcError,
     JsonRpcId,
@@ -61,18 +57,18 @@ from acp_bridge._jsonrpc import (
 )
 from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
-from acp_bridge._jsonrpc import request as request_msg
 from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._links import (
     AgentLink,
-    AgentState,
     ClientLink,
     Tracer,
     Waiter,
 )
 from acp_bridge._listing import Listing
 from acp_bridge._log_channel import LogChannel
+from acp_bridge._reattach import Reattach
 from acp_bridge._redact import Redactor
+from acp_bridge._restore import Restore
 from acp_bridge._routing import (
     HELD_RESPONSES_MAX,
     SETUP_UPDATES,
@@ -83,14 +79,12 @@ from acp_bridge._routing import (
     SessionTable,
     Setup,
     capture_setup,
-    roots_of,
     track_setup,
 )
 from acp_bridge._session_requests import SessionRequests
 from acp_bridge._store import AuditRecord
 from acp_bridge._supervisor import Supervisor
 from acp_bridge._wire import (
-    bridge_meta,
     id_of,
     is_id,
     set_seq,
@@ -216,26 +210,48 @@ class Bridge:
         self.listing = Listing(
             hub, internal_request=self.supervisor.internal_request, reply_error=hub.reply_error
         )
-        self.log = logger
+        #: sessions coming and going: detach, expire, forget, attach, reattach with replay
+        self.reattach = Reattach(
+            hub,
+            answer_unattended=self._answer_unattended,
+            internal_request=self.supervisor.internal_request,
+            agent_log=self.logs.agent_log,
+            send_log=self.logs.send_log,
+            show_approval=self.approvals.show,
+            forget_client=self.approvals.forget_client,
+        )
         #: a client's requests on its sessions, and forward: the last step to an agent
         self.session_requests = SessionRequests(
             hub,
-            ensure_ready=self.ensure_ready,
+            ensure_ready=self.supervisor.ensure_ready,
             undo_forward=self._undo_forward,
             load_unknown=self._load_unknown,
             stored_request=self._stored_request,
             reused_request=self._reused_request,
-            reattach=self._reattach,
-            attach=self._attach,
-            forget=self._forget,
+            reattach=self.reattach.reattach,
+            attach=self.reattach.attach,
+            forget=self.reattach.forget,
             settle_permissions=self.cancel.settle_permissions,
         )
+        #: sessions from before a restart (stored), reused ids, loads of unknown sessions
+        self.restore = Restore(
+            hub,
+            ensure_ready=self.supervisor.ensure_ready,
+            internal_request=self.supervisor.internal_request,
+            strip_setup=hub.strip_setup,
+            reply_error=hub.reply_error,
+            forward_session_request=self.session_requests.forward_session_request,
+            attach=self.reattach.attach,
+            replay_journal=self.reattach.replay_journal,
+            forget=self.reattach.forget,
+        )
+        self.log = logger
         #: every line a client sends (the transports call handle_client_line)
         self.from_client = FromClient(
             hub,
             session_request=self.session_requests.request,
             forward=self.session_requests.forward,
-            ensure_ready=self.ensure_ready,
+            ensure_ready=self.supervisor.ensure_ready,
             status=self.status,
             session_list=self.listing.session_list,
             cancel_session=self.cancel.cancel_session,
@@ -252,53 +268,13 @@ class Bridge:
             if self.audit.store is not None:
                 nursery.start_soon(self.audit.run)
             if self.journal is not None:
-                await self._restore()
+                await self.restore.restore_all()
                 nursery.start_soon(self.journal.run)
             task_status.started(self)
             try:
                 await trio.sleep_forever()
             finally:
                 self.hub.stopping = True
-
-    async def _restore(self) -> None:
-        """
-        After a restart: the sessions the store knows come back as STORED (listed, loadable;
-        their numbering continues), and approvals that were waiting when the bridge stopped
-        are settled by the unattended rule (the agents that asked are gone): audited.
-        """
-        assert self.journal is not None
-        store = self.journal.store
-        rows = await trio.to_thread.run_sync(store.sessions)
-        for row in rows:
-            if row.state == "closed" or row.agent not in self.agents:
-                # Not loaded back, but its row and journal stay its own (sessions export).
-                self.sessions.keep(row.bridge_id, row.agent, row.agent_id)
-                continue
-            try:
-                session = self.sessions.bind(row.agent, row.agent_id, row.bridge_id)
-            except ValueError:
-                continue
-            session.state = SessionState.STORED
-            session.roots = row.roots
-            session.setup = dict(row.setup)
-            session.unattended = row.unattended
-            session.created = row.created
-            _, last = await trio.to_thread.run_sync(store.journal_bounds, row.bridge_id)
-            self._history(session).continue_from(last)
-        leftovers = await trio.to_thread.run_sync(store.pending_approvals)
-        for key, sid, agent, _params in leftovers:
-            await self.audit.record(
-                AuditRecord(
-                    session=sid,
-                    agent=agent,
-                    decision="deny",
-                    source="restart",
-                    detail="pending when the bridge stopped; the agent that asked is gone",
-                )
-            )
-            self.journal.pending_removed(key)
-        if rows or leftovers:
-            self.log.info("restored", sessions=len(self.sessions), settled=len(leftovers))
 
     def persist(self, session: Session, state: str = "active") -> None:
         """Record a session's row in the store (no-op without one)."""
@@ -334,176 +310,8 @@ class Bridge:
         return link
 
     async def close_client(self, client: ClientLink, reason: str) -> None:
-        """
-        The client is gone: its sessions detach for ``detach_grace`` seconds.
-
-        Agents keep working; what they relay is kept in each session's history. Requests the
-        agents had made of this client are parked and shown again to the connection that
-        takes the session back, or answered as unattended when the grace period ends.
-        """
-        client.close(reason)
-        self.clients.discard(client)
-        for _, entry in client.pending.drain():
-            agent = entry.origin
-            assert isinstance(agent, AgentLink)
-            agent.inflight.pop(entry.origin_id, None)
-            if entry.session is not None and entry.session.client is client:
-                park(entry)
-            else:
-                await self._answer_unattended(entry, "client_gone")
-        # The client's own requests stay out at the agents: their answers go to whoever
-        # takes the session back (same ids: what the attach shim relies on), else nowhere.
-        client.inflight.clear()
-        for session in self.sessions:
-            if session.client is client:
-                await self._detach(session)
-        self.approvals.forget_client(client)
-
-    async def _detach(self, session: Session) -> None:
-        if self.config.bridge.detach_grace <= 0:
-            session.client = None
-            session.pending_permissions.clear()
-            await self._expire(session)
-            return
-        self._schedule_detach(session)
-
-    def _schedule_detach(self, session: Session) -> None:
-        """Nobody owns the session now: it lives ``detach_grace`` seconds more, unless taken."""
-        session.client = None
-        session.pending_permissions.clear()
-        grace = self.config.bridge.detach_grace
-        self.log.info("session_detached", session=session.bridge_id, grace=grace)
-        session.detach_deadline = trio.current_time() + max(grace, 0.0)
-        self.deadlines.schedule(
-            ("detach", session), session.detach_deadline, functools.partial(self._expire, session)
-        )
-
-    async def _expire(self, session: Session) -> None:
-        """Nobody took the session back in time: settle what waits on it, close it."""
-        session.detach_deadline = None
-        agent = self.agents[session.agent]
-        for entry in list(session.parked):
-            await self._answer_unattended(entry, "grace")
-        session.parked.clear()
-        ours = self.sessions.owns_agent_id(session)  # (not if its id went to a new session)
-        self.sessions.remove(session)
-        self._forget(session)
-        self.log.info("session_closed_after_grace", session=session.bridge_id, agent=agent.name)
-        await self.agent_log(
-            agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
-        )
-        if agent.state is AgentState.READY and ours and not self.stopping:
-            # (Stopping: the agents go with the bridge; nothing more is started.)
-            if has_session_cap(agent.capabilities, "close"):
-                self._spawn(self._close_quietly, agent, session.agent_id)
-            else:
-                agent.send_nowait(
-                    dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
-                )
-
-    async def _close_quietly(self, agent: AgentLink, agent_sid: str) -> None:
-        try:
-            await self.supervisor.internal_request(agent, "session/close", {"sessionId": agent_sid})
-        except JsonRpcError as exc:
-            self.log.warning("session_close_failed", agent=agent.name, error=exc.message)
-
-    def _forget(self, session: Session, *, delete: bool = False) -> None:
-        """A closed session: marked closed in the store (its journal kept); deleted: gone."""
-        # (A grace period that was running must not close it a second time; its cancel
-        # deadline is left to answer prompts the agent may still hold.)
-        self.deadlines.cancel(("detach", session))
-        if self.journal is not None:
-            if delete:
-                self.journal.delete(session.bridge_id)
-            else:
-                self.persist(session, "closed")
-                # Kept for sessions export: a new session given its id must not write over it.
-                self.sessions.keep(session.bridge_id, session.agent, session.agent_id)
-
-    def _take_ownership(
-        self, session: Session, client: ClientLink
-    ) -> tuple[ClientLink | None, list[JsonRpcId]]:
-        """
-        Make ``client`` the session's owner (synchronous: nothing may slip in between).
-
-        Requests still out at the agent for this session are answered to the new owner (same
-        ids: the attach shim relies on it). Returns the previous owner if it is still
-        connected (taken over), with the ids of its requests that moved: it must be told.
-        """
-        previous: ClientLink | None = session.client
-        self.deadlines.cancel(("detach", session))
-        session.detach_deadline = None
-        session.client = client
-        session.state = SessionState.ACTIVE
-        agent = self.agents[session.agent]
-        taken_over = previous is not None and previous is not client and not previous.closed
-        moved: list[JsonRpcId] = []
-        for bridge_id, entry in agent.pending.find(
-            lambda e: isinstance(e, Forwarded) and e.session is session
-        ):
-            assert isinstance(entry, Forwarded)
-            if entry.origin is client:
-                continue
-            if entry.origin is previous and taken_over:
-                previous.done(entry.origin_id)
-                moved.append(entry.origin_id)
-            elif not entry.origin.closed:
-                continue
-            entry.origin = client
-            client.inflight[entry.origin_id] = (agent, bridge_id)
-        if taken_over:
-            assert previous is not None
-            # Its unanswered requests of the agent move with the session.
-            for client_id, shown in previous.pending.find(lambda e: e.session is session):
-                previous.pending.pop(client_id)
-                park(shown)
-            return previous, moved
-        return None, []
-
-    def _take_held(self, session: Session, upto: float) -> list[bytes]:
-        """Answers that came while nobody was attached, up to history position ``upto``."""
-        if not session.held_responses:
-            return []
-        out = [data for seq, _, data in session.held_responses if seq <= upto]
-        session.held_responses = [h for h in session.held_responses if h[0] > upto]
-        return out
-
-    async def _present_parked(self, session: Session, client: ClientLink) -> None:
-        """Show the new owner the agent requests that were waiting on the old one."""
-        parked, session.parked = session.parked, []
-        # Ids an earlier owner was shown are stale; what this client is still asked stays
-        # pending (a resume on the same connection), so session/cancel still settles it.
-        session.pending_permissions = {
-            i for i in session.pending_permissions if client.pending.get(i) is not None
-        }
-        for entry in parked:
-            if isinstance(entry.extra, Ask):
-                await self.approvals.show(entry, client)
-                continue
-            agent = entry.origin
-            assert isinstance(agent, AgentLink)
-            client_id = client.pending.add(entry)
-            agent.inflight[entry.origin_id] = (client, client_id)
-            if entry.method == "session/request_permission":
-                session.pending_permissions.add(client_id)
-            await client.send(dumps(request_msg(client_id, entry.method, entry.context)))
-
-    async def _attach(self, session: Session, client: ClientLink) -> None:
-        previous, moved = self._take_ownership(session, client)
-        if previous is not None:
-            self.log.info("session_taken_over", session=session.bridge_id)
-            gone = JsonRpcError.cancelled("session taken over by another connection")
-            for origin_id in moved:
-                await previous.send(dumps(error_msg(origin_id, gone)))
-            await self.send_log(
-                previous,
-                "warning",
-                "session taken over by another connection; this one no longer receives it",
-                session=session,
-            )
-        for data in self._take_held(session, float("inf")):
-            await client.send(data)
-        await self._present_parked(session, client)
+        """The client is gone: its sessions detach (see :meth:`Reattach.close_client`)."""
+        await self.reattach.close_client(client, reason)
 
     async def send_log(
         self,
@@ -533,6 +341,16 @@ class Bridge:
         """Handle one line from a client: answer it, or route it to an agent (``_from_client``)."""
         await self.from_client.line(client, line)
 
+    def _history(self, session: Session) -> History:
+        return self.hub.history(session)
+
+    # The session requests and the restore need each other: these two are looked up when
+    # called (the restore is built after the session requests).
+    async def _load_unknown(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
+    ) -> None:
+        await self.restore.load_unknown(client, msg, params, sid)
+
     async def _stored_request(
         self,
         client: ClientLink,
@@ -541,283 +359,10 @@ class Bridge:
         session: Session,
         agent: AgentLink,
     ) -> None:
-        """A session known only from the store (the bridge restarted)."""
-        method: str = msg["method"]
-        if method == "session/load":
-            self._spawn(self._restore_session, client, msg, params, session, agent)
-        elif method in ("session/close", "session/delete"):
-            self.sessions.remove(session)
-            self._forget(session, delete=method == "session/delete")
-            await client.send(dumps(result_msg(msg["id"], {})))
-        else:
-            why = self._unrestorable.get(session.bridge_id)
-            raise JsonRpcError.resource_not_found(
-                f"session {session.bridge_id!r} cannot continue: {why}"
-                if why is not None
-                else f"session {session.bridge_id!r} is not live since the bridge restarted: "
-                "session/load it first"
-            )
+        await self.restore.stored_request(client, msg, params, session, agent)
 
     async def _reused_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
-        """An ended session whose agent id went to a new session: it can only be closed."""
-        if msg["method"] in ("session/close", "session/delete"):
-            self.sessions.remove(session)
-            self._forget(session, delete=msg["method"] == "session/delete")
-            await client.send(dumps(result_msg(msg["id"], {})))
-            return
-        raise JsonRpcError.resource_not_found(
-            f"session {session.bridge_id!r} ended: agent {session.agent!r} restarted and gave "
-            "its id to a new session"
-        )
-
-    async def _restore_session(
-        self,
-        client: ClientLink,
-        msg: JsonObject,
-        params: JsonObject,
-        session: Session,
-        agent: AgentLink,
-    ) -> None:
-        """
-        ``session/load`` after a restart: the agent restores the session when it can
-        (``loadSession``: its own replay is relayed); otherwise — or when it fails — the load
-        fails with -32002 and the reason, unless the client asked for journal replays
-        (``_meta.acp_bridge.journal_replay: true``): then it gets the journal's replay and a
-        clear statement that the agent cannot continue it (``_meta.acp_bridge.restored:
-        false`` with the reason; a prompt then fails with -32002).
-        """
-        reason = f"agent {agent.name!r} does not support session/load"
-        try:
-            await self.ensure_ready(agent)
-            if not self.sessions.owns_agent_id(session):
-                reason = f"agent {agent.name!r} gave its id to a new session"
-            elif agent.capabilities.get("loadSession"):
-                self.hub.strip_setup(agent, params)
-                query = {**params, "sessionId": session.agent_id}
-                query.pop("_meta", None)
-                session.state = SessionState.LOADING
-                session.client = client
-                try:
-                    result = await self.supervisor.internal_request(agent, "session/load", query)
-                except JsonRpcError as exc:
-                    reason = f"agent {agent.name!r} could not load it: {exc.message}"
-                else:
-                    session.state = SessionState.ACTIVE
-                    capture_setup(session, result)
-                    self.persist(session)
-                    answer = dict(result) if isinstance(result, dict) else {}
-                    answer["_meta"] = {
-                        "acp_bridge": {"restored": True, "lastSeq": self._history(session).last_seq}
-                    }
-                    await client.send(dumps(result_msg(msg["id"], answer)))
-                    await self._attach(session, client)
-                    return
-                finally:
-                    if session.state is SessionState.LOADING:
-                        session.state = SessionState.STORED
-                        session.client = None
-        except JsonRpcError as exc:
-            reason = f"agent {agent.name!r} is not available: {exc.message}"
-        try:
-            await self._replay_journal(client, msg, params, session, reason)
-        except JsonRpcError as exc:
-            await self.hub.reply_error(client, msg["id"], exc)
-
-    async def _replay_journal(
-        self,
-        client: ClientLink,
-        msg: JsonObject,
-        params: JsonObject,
-        session: Session,
-        reason: str,
-    ) -> None:
-        assert self.journal is not None
-        self._unrestorable[session.bridge_id] = reason
-        if bridge_meta(params).get("journal_replay") is not True:
-            # A stock client takes success for "the session goes on" (acpx then never falls
-            # back to session/new, and every prompt fails): only a client that asked for
-            # journal replays gets one.
-            raise JsonRpcError(
-                RESOURCE_NOT_FOUND,
-                f"session {session.bridge_id!r} cannot be restored: {reason} (its updates can "
-                "be replayed from the bridge's journal: _meta.acp_bridge.journal_replay)",
-                {"sessionId": session.bridge_id, "reason": reason},
-            )
-        after = bridge_meta(params).get("after_seq")
-        catch_up = type(after) is int
-        start = after if type(after) is int and after > 0 else 0
-        await self.journal.moved(session.bridge_id)  # (a move aside is in the store)
-        entries = await trio.to_thread.run_sync(
-            functools.partial(
-                self.journal.store.journal, session.bridge_id, after_seq=start, live_only=catch_up
-            )
-        )
-        expected = start + 1
-        complete = session.bridge_id not in self.journal.gaps
-        for entry in entries:
-            if entry.seq != expected and entry.live:
-                complete = False
-            expected = entry.seq + 1
-            await client.send_wait(self._from_journal(client, session, entry.seq, entry.data))
-        if entries and start and entries[0].seq > start + 1 and not catch_up:
-            complete = False
-        answer: JsonObject = dict(session.setup)
-        answer["_meta"] = {
-            "acp_bridge": {
-                "restored": False,
-                "reason": reason,
-                "lastSeq": self._history(session).last_seq,
-                "complete": complete,
-            }
-        }
-        await client.send_wait(dumps(result_msg(msg["id"], answer)))
-        await self.send_log(
-            client,
-            "warning",
-            f"session replayed from the bridge's journal; the agent cannot continue it ({reason})",
-            session=session,
-        )
-
-    async def _reattach(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
-    ) -> None:
-        """
-        ``session/load`` / ``session/resume`` of a live session, served by the bridge.
-
-        load replays the session's history, then answers; with
-        ``_meta.acp_bridge.after_seq: N`` it replays only what the live stream carried after
-        update N (a catch-up: not the user's own prompts). resume answers at once. Either way
-        the client becomes the owner, agent requests waiting on a previous connection are
-        shown to it, and the answer's ``_meta.acp_bridge`` says ``lastSeq``, whether the
-        replay is ``complete``, and which of the client's requests (``pending``: ids) are
-        still to be answered on this connection.
-        """
-        load = msg["method"] == "session/load"
-        requested = bridge_meta(params).get("after_seq") if load else None
-        if requested is not None and (type(requested) is not int or requested < 0):
-            raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
-        catch_up = requested is not None
-        after: int = requested or 0
-        history = self._history(session)
-        complete = True
-        if load:
-            entries, complete = history.after(after, live_only=catch_up)
-            for data in self._take_held(session, after):
-                await client.send_wait(data)
-            for seq, data in entries:
-                await client.send_wait(self._stamped(client, seq, data))
-                after = seq
-                for held in self._take_held(session, seq):
-                    await client.send_wait(held)
-        else:
-            after = history.last_seq  # resume: no replay
-        result: JsonObject = dict(session.setup)
-        result["_meta"] = {
-            "acp_bridge": {
-                "lastSeq": history.last_seq,
-                "complete": complete,
-                "pending": self._answers_owed(session, client),
-            }
-        }
-        await client.send_wait(dumps(result_msg(msg["id"], result)))
-        # Updates that came in meanwhile were kept, not sent: send them, then switch the live
-        # stream over with no await in between (nothing lost, nothing twice).
-        while history.last_seq > after:
-            entries, caught_up = history.after(after, live_only=catch_up)
-            complete = complete and caught_up
-            if not entries:
-                break
-            for seq, data in entries:
-                await client.send_wait(self._stamped(client, seq, data))
-                after = seq
-                for held in self._take_held(session, seq):
-                    await client.send_wait(held)
-        if not complete:
-            await self.send_log(
-                client,
-                "warning",
-                "history was trimmed: the replay is missing older updates (resync required)",
-                session=session,
-                firstSeq=history.first_seq,
-            )
-        await self._attach(session, client)
-
-    def _answers_owed(self, session: Session, client: ClientLink) -> list[JsonRpcId]:
-        """Ids of requests whose answers will go to ``client`` once it owns the session."""
-        owner = session.client
-        agent = self.agents[session.agent]
-        ids: list[JsonRpcId] = [origin_id for _, origin_id, _ in session.held_responses]
-        for _, entry in agent.pending.find(
-            lambda e: isinstance(e, Forwarded) and e.session is session
-        ):
-            assert isinstance(entry, Forwarded)
-            if entry.origin is client or entry.origin.closed or entry.origin is owner:
-                ids.append(entry.origin_id)
-        return ids
-
-    def _history(self, session: Session) -> History:
-        return self.hub.history(session)
-
-    def _stamped(self, client: ClientLink, seq: int, data: bytes) -> bytes:
-        """A history entry as this client gets it (with its seq number if it opted in)."""
-        if not client.want_seq:
-            return data
-        msg = loads(data)
-        set_seq(msg["params"], seq)
-        return dumps(msg)
-
-    def _from_journal(self, client: ClientLink, session: Session, seq: int, data: bytes) -> bytes:
-        """
-        A journal entry as ``client`` gets it: under the session's bridge id (a session moved
-        aside after a restart has its lines recorded under its earlier id), with its seq
-        number if the client opted in. (Decoded each: journal replays follow restarts only.)
-        """
-        msg = loads(data)
-        params = msg.get("params") if isinstance(msg, dict) else None
-        if not isinstance(params, dict):
-            return data
-        if params.get("sessionId") == session.bridge_id and not client.want_seq:
-            return data
-        params["sessionId"] = session.bridge_id
-        if client.want_seq:
-            set_seq(params, seq)
-        return dumps(msg)
-
-    async def _load_unknown(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
-    ) -> None:
-        """``session/load`` of an id the bridge never saw: ask the selected (or default) agent."""
-        name = agent_selector(params) or self.default_agent
-        agent = self.agents.get(name)
-        if agent is None:
-            raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
-        if self.sessions.get(sid) is not None:
-            raise JsonRpcError.invalid_params(f"session id {sid!r} is taken")
-        session = self.sessions.bind(name, sid, sid)
-        session.state = SessionState.LOADING
-        session.roots = roots_of(params)
-        session.unattended = bridge_meta(params).get("unattended") is True
-        if agent.state is AgentState.READY:
-            try:
-                await self.session_requests.forward_session_request(
-                    client, msg, params, session, agent
-                )
-            except JsonRpcError:
-                self.sessions.remove(session)  # it never went out: nothing to keep
-                raise
-        else:
-            self._spawn(self._load_unknown_when_ready, client, msg, params, session)
-
-    async def _load_unknown_when_ready(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
-    ) -> None:
-        agent = self.agents[session.agent]
-        try:
-            await self.ensure_ready(agent)
-            await self.session_requests.forward_session_request(client, msg, params, session, agent)
-        except JsonRpcError as exc:
-            self.sessions.remove(session)
-            await self.hub.reply_error(client, msg["id"], exc)
+        await self.restore.reused_request(client, msg, session)
 
     async def _client_response(self, client: ClientLink, msg: JsonObject) -> None:
         client_id = msg["id"]
@@ -1433,14 +978,14 @@ class Bridge:
                 if client.closed:
                     # Its connection died before the answer came: nobody knows the session
                     # yet; it expires like any detached one unless someone takes it.
-                    self._schedule_detach(new)
+                    self.reattach.schedule_detach(new)
         elif method == "session/load" and session is not None:
             if ok:
                 session.state = SessionState.ACTIVE
                 session.client = client
                 capture_setup(session, result)
                 self.persist(session)
-                early = self._take_held(session, float("inf"))  # answered while away
+                early = self.reattach.take_held(session, float("inf"))  # answered while away
             elif isinstance(entry.context, tuple) and entry.context[0] is not SessionState.LOADING:
                 session.state, session.client = entry.context
             else:
@@ -1453,18 +998,18 @@ class Bridge:
                 self._history(session)
                 capture_setup(session, result)
                 self.persist(session)
-                early = self._take_held(session, float("inf"))  # answered while away
+                early = self.reattach.take_held(session, float("inf"))  # answered while away
             elif session.state is SessionState.LOADING:
                 self.sessions.remove(session)
         elif method == "session/set_config_option" and session is not None and ok:
             capture_setup(session, result)
         elif method in ("session/close", "session/delete") and session is not None and ok:
             self.sessions.remove(session)
-            self._forget(session, delete=method == "session/delete")
+            self.reattach.forget(session, delete=method == "session/delete")
         elif method == "session/archive" and session is not None and ok:
             # The agent closed it (the spec: as session/close would) but keeps it: the bridge
             # keeps its id routable (unarchive, load) like a listed session, attached to none.
-            self._forget(session)
+            self.reattach.forget(session)
             session.state = SessionState.LISTED
             session.client = None
         return early

@@ -36,8 +36,9 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from acp_bridge._agent import make_in_process_launcher
-from acp_bridge._bridge import AgentState, Bridge, serve_client_stream
+from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._jsonrpc import dumps
+from acp_bridge._links import AgentState
 from acp_bridge._log import configure_logging
 from acp_bridge._routing import SessionState
 

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from acp_bridge import _remote as remote
 from acp_bridge._agent import make_in_process_launcher, make_subprocess_launcher
-from acp_bridge._bridge import AgentState, Bridge, serve_client_stream
+from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._config import (
     AgentConfig,
     BridgeConfig,
@@ -42,6 +42,7 @@ from acp_bridge._config import (
     SshConfig,
     parse_config,
 )
+from acp_bridge._links import AgentState
 from acp_bridge._status import format_status
 
 from .fakes import FakeAgent, TestClient

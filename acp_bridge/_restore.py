@@ -1,0 +1,236 @@
+"""
+Sessions from before a restart, and sessions the bridge never saw: the store's sessions come
+back as STORED at start; a ``session/load`` restores one through its agent (or replays its
+journal); a stored session can be closed or deleted without its agent; a load of an unknown
+id is asked of the selected agent.
+
+The decisions over the session table are pure (``_sessions``); this service does the waiting.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from acp_bridge import _sessions as transitions
+from acp_bridge._capabilities import agent_selector
+from acp_bridge._jsonrpc import JsonRpcError, dumps
+from acp_bridge._jsonrpc import result as result_msg
+from acp_bridge._links import AgentState
+from acp_bridge._routing import SessionState, capture_setup
+from acp_bridge._store import AuditRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from acp_bridge._hub import Hub
+    from acp_bridge._jsonrpc import JsonObject, JsonRpcId
+    from acp_bridge._links import AgentLink, ClientLink
+    from acp_bridge._routing import Session
+
+
+class Forget(Protocol):
+    """``Reattach.forget``: a closed session marked closed in the store (deleted: gone)."""
+
+    def __call__(self, session: Session, *, delete: bool = False) -> None: ...
+
+
+class Restore:
+    """
+    Restore after a restart; stored, reused and unknown sessions.
+
+    Args:
+        hub: the shared state.
+        ensure_ready: starts an agent if need be and waits until it is ready.
+        internal_request: sends a request of the bridge's own to an agent, returns its result.
+        strip_setup: drops from a session's setup what the agent cannot take (and logs it).
+        reply_error: answers a client's request with an error.
+        forward_session_request: sends a session-scoped request on to its agent.
+        attach, replay_journal, forget: of :class:`~acp_bridge._reattach.Reattach`.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        ensure_ready: Callable[[AgentLink], Awaitable[None]],
+        internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
+        strip_setup: Callable[[AgentLink, JsonObject], None],
+        reply_error: Callable[[ClientLink, JsonRpcId, JsonRpcError], Awaitable[None]],
+        forward_session_request: Callable[
+            [ClientLink, JsonObject, JsonObject, Session, AgentLink], Awaitable[None]
+        ],
+        attach: Callable[[Session, ClientLink], Awaitable[None]],
+        replay_journal: Callable[
+            [ClientLink, JsonObject, JsonObject, Session, str], Awaitable[None]
+        ],
+        forget: Forget,
+    ) -> None:
+        self._hub = hub
+        self._agents = hub.agents
+        self._sessions = hub.sessions
+        self._ensure_ready = ensure_ready
+        self._internal_request = internal_request
+        self._strip_setup = strip_setup
+        self._reply_error = reply_error
+        self._forward_session_request = forward_session_request
+        self._attach = attach
+        self._replay_journal = replay_journal
+        self._forget = forget
+
+    async def restore_all(self) -> None:
+        """
+        After a restart: the sessions the store knows come back as STORED (listed, loadable;
+        their numbering continues), and approvals that were waiting when the bridge stopped
+        are settled by the unattended rule (the agents that asked are gone): audited.
+        """
+        journal = self._hub.journal
+        assert journal is not None
+        store = journal.store
+        rows = await trio.to_thread.run_sync(store.sessions)
+        for row in rows:
+            session = transitions.restore_row(self._sessions, row, self._agents)
+            if session is None:
+                continue
+            _, last = await trio.to_thread.run_sync(store.journal_bounds, row.bridge_id)
+            self._hub.history(session).continue_from(last)
+        leftovers = await trio.to_thread.run_sync(store.pending_approvals)
+        for key, sid, agent, _params in leftovers:
+            await self._hub.audit.record(
+                AuditRecord(
+                    session=sid,
+                    agent=agent,
+                    decision="deny",
+                    source="restart",
+                    detail="pending when the bridge stopped; the agent that asked is gone",
+                )
+            )
+            journal.pending_removed(key)
+        if rows or leftovers:
+            self._hub.log.info("restored", sessions=len(self._sessions), settled=len(leftovers))
+
+    async def stored_request(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        agent: AgentLink,
+    ) -> None:
+        """A session known only from the store (the bridge restarted)."""
+        method: str = msg["method"]
+        if method == "session/load":
+            self._hub.spawn(self._restore_session, client, msg, params, session, agent)
+        elif method in ("session/close", "session/delete"):
+            self._sessions.remove(session)
+            self._forget(session, delete=method == "session/delete")
+            await client.send(dumps(result_msg(msg["id"], {})))
+        else:
+            why = self._hub.unrestorable.get(session.bridge_id)
+            raise JsonRpcError.resource_not_found(
+                f"session {session.bridge_id!r} cannot continue: {why}"
+                if why is not None
+                else f"session {session.bridge_id!r} is not live since the bridge restarted: "
+                "session/load it first"
+            )
+
+    async def reused_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
+        """An ended session whose agent id went to a new session: it can only be closed."""
+        if msg["method"] in ("session/close", "session/delete"):
+            self._sessions.remove(session)
+            self._forget(session, delete=msg["method"] == "session/delete")
+            await client.send(dumps(result_msg(msg["id"], {})))
+            return
+        raise JsonRpcError.resource_not_found(
+            f"session {session.bridge_id!r} ended: agent {session.agent!r} restarted and gave "
+            "its id to a new session"
+        )
+
+    async def _restore_session(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        agent: AgentLink,
+    ) -> None:
+        """
+        ``session/load`` after a restart: the agent restores the session when it can
+        (``loadSession``: its own replay is relayed); otherwise — or when it fails — the load
+        fails with -32002 and the reason, unless the client asked for journal replays
+        (``_meta.acp_bridge.journal_replay: true``): then it gets the journal's replay and a
+        clear statement that the agent cannot continue it (``_meta.acp_bridge.restored:
+        false`` with the reason; a prompt then fails with -32002).
+        """
+        reason = f"agent {agent.name!r} does not support session/load"
+        try:
+            await self._ensure_ready(agent)
+            if not self._sessions.owns_agent_id(session):
+                reason = f"agent {agent.name!r} gave its id to a new session"
+            elif agent.capabilities.get("loadSession"):
+                self._strip_setup(agent, params)
+                query = {**params, "sessionId": session.agent_id}
+                query.pop("_meta", None)
+                session.state = SessionState.LOADING
+                session.client = client
+                try:
+                    result = await self._internal_request(agent, "session/load", query)
+                except JsonRpcError as exc:
+                    reason = f"agent {agent.name!r} could not load it: {exc.message}"
+                else:
+                    session.state = SessionState.ACTIVE
+                    capture_setup(session, result)
+                    self._hub.persist(session)
+                    answer = dict(result) if isinstance(result, dict) else {}
+                    answer["_meta"] = {
+                        "acp_bridge": {
+                            "restored": True,
+                            "lastSeq": self._hub.history(session).last_seq,
+                        }
+                    }
+                    await client.send(dumps(result_msg(msg["id"], answer)))
+                    await self._attach(session, client)
+                    return
+                finally:
+                    if session.state is SessionState.LOADING:
+                        session.state = SessionState.STORED
+                        session.client = None
+        except JsonRpcError as exc:
+            reason = f"agent {agent.name!r} is not available: {exc.message}"
+        try:
+            await self._replay_journal(client, msg, params, session, reason)
+        except JsonRpcError as exc:
+            await self._reply_error(client, msg["id"], exc)
+
+    async def load_unknown(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
+    ) -> None:
+        """``session/load`` of an id the bridge never saw: ask the selected (or default) agent."""
+        name = agent_selector(params) or self._hub.default_agent
+        agent = self._agents.get(name)
+        if agent is None:
+            raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
+        session = transitions.bind_unknown(self._sessions, name, sid, params)
+        if agent.state is AgentState.READY:
+            try:
+                await self._forward_session_request(client, msg, params, session, agent)
+            except JsonRpcError:
+                self._sessions.remove(session)  # it never went out: nothing to keep
+                raise
+        else:
+            self._hub.spawn(self._load_unknown_when_ready, client, msg, params, session)
+
+    async def _load_unknown_when_ready(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        agent = self._agents[session.agent]
+        try:
+            await self._ensure_ready(agent)
+            await self._forward_session_request(client, msg, params, session, agent)
+        except JsonRpcError as exc:
+            self._sessions.remove(session)
+            await self._reply_error(client, msg["id"], exc)
+
+
+__all__ = ["Forget", "Restore"]

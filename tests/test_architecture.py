@@ -41,6 +41,7 @@ PURE: tuple[str, ...] = (
     "_capabilities",
     "_wire",
     "_handshake",
+    "_demo_script",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).
@@ -55,11 +56,11 @@ KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
 
 #: The share of the package's lines in modules that reach no trio import: a ratchet, raise it
 #: when a change moves more code out of the trio shells.
-PURE_SHARE_FLOOR = 0.397
+PURE_SHARE_FLOOR = 0.421
 
 #: Modules above the size limit, still to split. Only shrinks.
 MAX_LINES = 800
-OVERSIZE: frozenset[str] = frozenset({"_bridge", "_demo_agent"})
+OVERSIZE: frozenset[str] = frozenset({"_bridge"})
 
 TRIO = frozenset({"trio", "trio_websocket"})
 

@@ -293,7 +293,7 @@ def _run(
         )
         return 0
     if args.command == "serve":
-        from acp_bridge._ws import run_serve
+        from acp_bridge._serve import run_serve
 
         return run_serve(
             _listen_overrides(config, args.host, args.port),

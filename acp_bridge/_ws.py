@@ -3,31 +3,18 @@ The daemon's network face: ACP over WebSocket (``GET /acp``) and ``GET /healthz`
 
 Every TCP connection is read up to the end of its HTTP request head (h11; at most
 :data:`MAX_HEAD_BYTES`, 16 KiB, else **431**; within ``handshake_timeout``, TLS included) and
-judged by the pure :func:`judge` before anything else happens, in this order:
+judged by the pure :func:`~acp_bridge._handshake.judge` before anything else happens (the
+order of its checks, Host, path, upgrade, Origin, token and the connection cap, is told in
+``_handshake.py``); a refusal is a tiny HTTP response written before any session data exists.
+The listener that hands connections here is ``_serve.py``.
 
-1. ``Host`` must name this daemon: a loopback name, the configured host or an
-   ``allowed_hosts`` entry, with the right port. Anything else is a DNS-rebinding attempt or
-   a mistake: **403**.
-2. The path: ``/healthz`` answers **200** or **503** with the agents' states (no token: it
-   carries no session data); ``/status`` (JSON) and ``/metrics`` (Prometheus text) answer
-   ``GET`` with the token only (``Origin`` and token checked as below, **401** without);
-   the configured path (``/acp``) goes on; anything else **404**.
-3. ``GET`` only (**405**), with ``Upgrade: websocket`` (**426**) and a well-formed upgrade
-   (**400**).
-4. ``Origin``: absent is fine (non-browser clients hold the token); present, including the
-   literal ``null``, it must be listed in ``allowed_origins``: **403**.
-5. The token, ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``, compared in constant time:
-   **401** with ``WWW-Authenticate: Bearer``.
-6. The connection cap: **503**.
-
-Every refusal is a tiny plain HTTP response with ``Connection: close``, written before any
-session data exists. An accepted request is handed to trio-websocket, replaying the bytes
-already read, and answered with **101** and an ``Acp-Connection-Id`` header. Each WebSocket
-connection is then one ACP client of the bridge (:meth:`Bridge.open_client`, non-blocking):
-the first message must be ``initialize`` (else close 1002), each text frame is one JSON-RPC
-message, binary frames are ignored. A frame wsproto refuses (invalid UTF-8, unmasked, an
-unknown opcode) ends the connection with a close frame, 1007 or 1002: trio-websocket would
-only drop the TCP connection, so :meth:`_ReplayStream.send_close` sends the frame.
+An accepted request is handed to trio-websocket, replaying the bytes already read, and
+answered with **101** and an ``Acp-Connection-Id`` header. Each WebSocket connection is then
+one ACP client of the bridge (:meth:`Bridge.open_client`, non-blocking): the first message
+must be ``initialize`` (else close 1002), each text frame is one JSON-RPC message, binary
+frames are ignored. A frame wsproto refuses (invalid UTF-8, unmasked, an unknown opcode) ends
+the connection with a close frame, 1007 or 1002: trio-websocket would only drop the TCP
+connection, so :meth:`_ReplayStream.send_close` sends the frame.
 
 Backpressure:
     Inbound, trio-websocket holds at most one whole message beyond the one being handled; a
@@ -38,8 +25,8 @@ Backpressure:
     1008 (a reconnecting client gets its sessions back). A client that does not take a frame
     we send within ``ping_timeout`` seconds is cut off without a close frame: there is no
     way to deliver one to a peer that does not read. The writer frames what is queued
-    itself and sends a burst in one write (:func:`text_frames`), serialised with
-    trio-websocket's own frames; nothing follows the close frame.
+    itself and sends a burst in one write (:func:`~acp_bridge._handshake.text_frames`),
+    serialised with trio-websocket's own frames; nothing follows the close frame.
 
 Resource handling:
     At most ``max_connections`` WebSocket connections (then 503) and, apart from them,
@@ -54,18 +41,11 @@ Resource handling:
 from __future__ import annotations
 
 import contextlib
-import hmac
-import http
-import ipaddress
 import json
 import math
-import shutil
-import ssl
 import struct
-import sys
 import urllib.parse
 import uuid
-from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -75,41 +55,35 @@ import trio
 import trio_websocket
 
 from acp_bridge import _pipes as pipes
-from acp_bridge._config import ConfigError
-from acp_bridge._jsonrpc import JsonRpcError, loads
-from acp_bridge._nursery import leaves
-from acp_bridge._redact import Redactor
+from acp_bridge._handshake import (
+    BUSY,
+    HandshakePolicy,
+    Health,
+    Refuse,
+    Report,
+    RequestHead,
+    is_initialize,
+    judge,
+    render_response,
+    text_frames,
+)
 from acp_bridge._status import METRICS_CONTENT_TYPE, render_metrics
-from acp_bridge._stdio import with_bridge
-from acp_bridge._token import is_loopback, load_or_create_token
-from acp_bridge._trace import open_wire_trace
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-    from typing import IO
+    import ssl
 
     from structlog.typing import FilteringBoundLogger as Log
 
     from acp_bridge._bridge import Bridge
-    from acp_bridge._config import Config, WebSocketConfig
+    from acp_bridge._config import WebSocketConfig
     from acp_bridge._links import ClientLink
 
 __all__ = [
-    "HandshakePolicy",
-    "Health",
-    "ListenError",
-    "ListenInfo",
-    "Refuse",
-    "Report",
-    "RequestHead",
-    "Upgrade",
+    "CLOSE_TIMEOUT",
+    "HANDSHAKE_EVICT_AGE",
+    "MAX_HEAD_BYTES",
     "WebSocketFace",
     "WebSocketStatistics",
-    "check_bind",
-    "judge",
-    "run_serve",
-    "serve_websocket",
-    "startup_summary",
 ]
 
 logger = structlog.get_logger("acp_bridge.ws")
@@ -124,407 +98,9 @@ CLOSE_TIMEOUT: Final = 2.0
 #: After an HTTP error response: how long, and how much, of the rest of the request is read.
 LINGER_SECONDS: Final = 1.0
 LINGER_BYTES: Final = 64 * 1024
-#: Exit status of ``run_serve`` for an unusable configuration (as the CLI's usage errors).
-EXIT_CONFIG: Final = 2
-#: Exit status of ``run_serve`` when the port cannot be bound.
-EXIT_LISTEN: Final = 1
 #: Messages trio-websocket may hold for us beyond the one being handled.
 _INBOUND_QUEUE: Final = 1
 _READ_CHUNK: Final = 4096
-_LOOPBACK_NAMES: Final = ("localhost", "127.0.0.1", "[::1]")
-_WILDCARD_HOSTS: Final = ("", "0.0.0.0", "::")
-
-
-# --- the pure part: judging a request head -------------------------------------------------
-
-
-@attrs.frozen
-class RequestHead:
-    """
-    What the judge looks at: a parsed HTTP request head.
-
-    Attributes:
-        method: e.g. ``"GET"``.
-        target: the request target as sent (path and query).
-        http_version: e.g. ``"1.1"``.
-        headers: (lower-case name, value) pairs in arrival order, values decoded as Latin-1.
-    """
-
-    method: str
-    target: str
-    http_version: str
-    headers: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def from_h11(cls, event: h11.Request) -> RequestHead:
-        return cls(
-            method=event.method.decode("ascii", "replace"),
-            target=event.target.decode("latin-1"),
-            http_version=event.http_version.decode("ascii", "replace"),
-            headers=tuple(
-                (name.decode("latin-1").lower(), value.decode("latin-1"))
-                for name, value in event.headers
-            ),
-        )
-
-    def values(self, name: str) -> list[str]:
-        """Every value of header ``name`` (lower case)."""
-        return [value for key, value in self.headers if key == name]
-
-    def tokens(self, name: str) -> set[str]:
-        """The comma-separated tokens of header ``name``, lower-cased (``Connection``...)."""
-        return {
-            token.strip().lower()
-            for value in self.values(name)
-            for token in value.split(",")
-            if token.strip()
-        }
-
-
-@attrs.frozen
-class HandshakePolicy:
-    """
-    Everything :func:`judge` decides by. Build it with :meth:`build`.
-
-    Attributes:
-        path: the ACP endpoint's path.
-        token: the bearer token, as bytes.
-        hosts: accepted ``Host`` values, normalized ``name:port``.
-        any_ip_host: accept any IP-literal ``Host`` with the listening port (a wildcard
-            bind: the daemon cannot know all its addresses, and an IP literal cannot be a
-            DNS-rebinding attack).
-        port: the listening port.
-        default_port: the port a ``Host`` without one means (80, or 443 with TLS).
-        origins: accepted ``Origin`` values, normalized.
-        max_connections: WebSocket connections allowed at once.
-    """
-
-    path: str
-    token: bytes = attrs.field(repr=False)
-    hosts: frozenset[str]
-    any_ip_host: bool
-    port: int
-    default_port: int
-    origins: frozenset[str]
-    max_connections: int
-
-    @classmethod
-    def build(
-        cls, settings: WebSocketConfig, *, token: bytes, port: int, tls: bool
-    ) -> HandshakePolicy:
-        """The policy of a listener configured by ``settings``, bound to ``port``."""
-        names = list(_LOOPBACK_NAMES)
-        host = settings.host
-        if host not in _WILDCARD_HOSTS:
-            names.append(_bracketed(host))
-        hosts = {f"{name.lower()}:{port}" for name in names}
-        for entry in settings.allowed_hosts:
-            key = _host_key(entry, default_port=port)
-            if key is not None:
-                hosts.add(key)
-        return cls(
-            path=settings.path,
-            token=token,
-            hosts=frozenset(hosts),
-            any_ip_host=host in _WILDCARD_HOSTS,
-            port=port,
-            default_port=443 if tls else 80,
-            origins=frozenset(_origin_key(o) for o in settings.allowed_origins),
-            max_connections=settings.max_connections,
-        )
-
-
-@attrs.frozen
-class Refuse:
-    """
-    Answer with an HTTP error and close.
-
-    Attributes:
-        status: the HTTP status.
-        why: a fixed, short explanation (the response body and the log; never echoes input).
-        headers: extra response headers.
-    """
-
-    status: int
-    why: str
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-@attrs.frozen
-class Health:
-    """Answer ``/healthz``."""
-
-
-@attrs.frozen
-class Report:
-    """
-    Answer ``/status`` or ``/metrics`` (the token was checked).
-
-    Attributes:
-        what: ``"status"`` or ``"metrics"``.
-    """
-
-    what: str
-
-
-@attrs.frozen
-class Upgrade:
-    """Accept the WebSocket upgrade."""
-
-
-Verdict = Refuse | Health | Report | Upgrade
-
-#: Paths of the reports a token holder may read (with GET), and what each is.
-_REPORTS: Final = {"/status": "status", "/metrics": "metrics"}
-
-_BEARER: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
-_RETRY: Final = (("Retry-After", "5"),)
-_BAD_TOKEN: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),)
-
-
-def judge(head: RequestHead, policy: HandshakePolicy, *, connections: int) -> Verdict:
-    """
-    Decide what to do with a request, before any session data exists. Pure.
-
-    Args:
-        head: the request.
-        policy: what is allowed.
-        connections: WebSocket connections open now.
-    """
-    hosts = head.values("host")
-    if len(hosts) != 1 or not _host_allowed(hosts[0], policy):
-        return Refuse(403, "forbidden: unknown Host")
-    if not head.target.startswith("/"):
-        return Refuse(400, "bad request target")
-    parts = urllib.parse.urlsplit(head.target)
-    if parts.path == "/healthz":
-        if head.method != "GET":
-            return Refuse(405, "method not allowed", (("Allow", "GET"),))
-        return Health()
-    if parts.path in _REPORTS and parts.path != policy.path:
-        if head.method != "GET":
-            return Refuse(405, "method not allowed", (("Allow", "GET"),))
-        refusal = _check_origin_and_token(head, policy, parts.query)
-        return refusal if refusal is not None else Report(_REPORTS[parts.path])
-    if parts.path != policy.path:
-        return Refuse(404, "not found")
-    if head.method != "GET":
-        return Refuse(405, "method not allowed: WebSocket only", (("Allow", "GET"),))
-    if "websocket" not in head.tokens("upgrade"):
-        return Refuse(426, "WebSocket upgrade required", (("Upgrade", "websocket"),))
-    if head.http_version != "1.1" or "upgrade" not in head.tokens("connection"):
-        return Refuse(400, "malformed WebSocket upgrade")
-    if head.values("sec-websocket-version") != ["13"]:
-        return Refuse(426, "unsupported WebSocket version", (("Sec-WebSocket-Version", "13"),))
-    if len(head.values("sec-websocket-key")) != 1:
-        return Refuse(400, "malformed WebSocket upgrade")
-    refusal = _check_origin_and_token(head, policy, parts.query)
-    if refusal is not None:
-        return refusal
-    if connections >= policy.max_connections:
-        return Refuse(503, "too many connections", _RETRY)
-    return Upgrade()
-
-
-def _check_origin_and_token(
-    head: RequestHead, policy: HandshakePolicy, query: str
-) -> Refuse | None:
-    """403 for an Origin not allowed, 401 without the right token; None when both pass."""
-    origins = head.values("origin")
-    if origins and (len(origins) > 1 or _origin_key(origins[0]) not in policy.origins):
-        return Refuse(403, "forbidden: Origin not allowed")
-    given = _presented_token(head, query)
-    if given is None:
-        return Refuse(401, "unauthorized: a bearer token is required", _BEARER)
-    if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), policy.token):
-        return Refuse(401, "unauthorized: wrong token", _BAD_TOKEN)
-    return None
-
-
-def _presented_token(head: RequestHead, query: str) -> str | None:
-    """The bearer token from ``Authorization``, else from the ``token`` query parameter."""
-    auth = head.values("authorization")
-    if len(auth) > 1:
-        return None
-    if auth:
-        scheme, _, credentials = auth[0].strip().partition(" ")
-        return credentials.strip() if scheme.lower() == "bearer" and credentials else None
-    values = urllib.parse.parse_qs(query, keep_blank_values=True).get("token", [])
-    return values[0] if len(values) == 1 else None
-
-
-def _bracketed(host: str) -> str:
-    """An IPv6 literal in URL/Host form (``[::1]``); anything else unchanged."""
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def _host_key(value: str, *, default_port: int) -> str | None:
-    """Normalize a ``Host`` value to ``name:port``; None if it is malformed."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        end = value.find("]")
-        if end < 0:
-            return None
-        name, rest = value[: end + 1], value[end + 1 :]
-        if rest and not rest.startswith(":"):
-            return None
-        port_text = rest[1:] if rest else ""
-    else:
-        name, sep, port_text = value.partition(":")
-        if ":" in port_text or (sep and not port_text):
-            return None
-    if not name or any(c.isspace() or c in "/@\\" for c in name):
-        return None
-    if not port_text:
-        return f"{name}:{default_port}"
-    if not port_text.isascii() or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        return None
-    return f"{name}:{int(port_text)}"
-
-
-def _host_allowed(value: str, policy: HandshakePolicy) -> bool:
-    key = _host_key(value, default_port=policy.default_port)
-    if key is None:
-        return False
-    if key in policy.hosts:
-        return True
-    if not policy.any_ip_host:
-        return False
-    name, _, port = key.rpartition(":")
-    try:
-        ipaddress.ip_address(name.strip("[]"))
-    except ValueError:
-        return False
-    return int(port) == policy.port
-
-
-def _origin_key(origin: str) -> str:
-    return origin.strip().rstrip("/").lower()
-
-
-def is_initialize(message: str) -> bool:
-    """Whether a text message is a JSON object with ``"method": "initialize"``. Pure."""
-    try:
-        msg = loads(message)
-    except JsonRpcError:
-        return False
-    return isinstance(msg, dict) and msg.get("method") == "initialize"
-
-
-def render_response(
-    status: int, body: bytes, *, content_type: str, headers: Iterable[tuple[str, str]] = ()
-) -> bytes:
-    """A complete HTTP/1.1 response that closes the connection. Pure."""
-    lines = [
-        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
-        f"Content-Type: {content_type}",
-        f"Content-Length: {len(body)}",
-        "Cache-Control: no-store",
-        "Connection: close",
-        *(f"{name}: {value}" for name, value in headers),
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-# --- start-up: bind policy, TLS, token -----------------------------------------------------
-
-
-class ListenError(Exception):
-    """The listening socket could not be opened (port in use, address not available...)."""
-
-
-@attrs.frozen
-class ListenInfo:
-    """
-    Where ``serve_websocket`` listens (what ``task_status.started`` reports).
-
-    Attributes:
-        host: the address bound (the first one, if a name resolved to several).
-        port: the port bound (the real one when the config said 0).
-        url: the ACP endpoint, ``ws://`` or ``wss://``, for local clients.
-        token_path: the token file, or None when the token is inline in the config.
-    """
-
-    host: str
-    port: int
-    url: str
-    token_path: str | None
-
-
-@attrs.frozen
-class _Prepared:
-    """What ``serve`` needs besides the socket: checked before any agent starts."""
-
-    token: bytes = attrs.field(repr=False)
-    token_path: str | None
-    ssl_context: ssl.SSLContext | None
-    remote: bool
-
-
-def check_bind(config: Config, *, allow_remote: bool, insecure: bool) -> None:
-    """
-    Refuse a non-loopback listener without ``--allow-remote``, and without TLS or ``--insecure``.
-
-    Raises:
-        ConfigError: naming ``websocket.host`` and what to do.
-    """
-    ws = config.websocket
-    if is_loopback(ws.host):
-        return
-    where = f"websocket.host {ws.host!r} is not a loopback address"
-    if not allow_remote:
-        raise ConfigError(
-            config.source,
-            [f"{where}: pass --allow-remote to listen beyond this machine (or use 127.0.0.1)"],
-        )
-    if ws.tls_cert is None and not insecure:
-        raise ConfigError(
-            config.source,
-            [
-                f"{where}: configure websocket.tls_cert and websocket.tls_key, or pass "
-                "--insecure to send the token and every session in clear text"
-            ],
-        )
-
-
-def make_ssl_context(config: Config) -> ssl.SSLContext | None:
-    """The server TLS context of ``tls_cert``/``tls_key``, or None without them."""
-    ws = config.websocket
-    if ws.tls_cert is None or ws.tls_key is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(ws.tls_cert, ws.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            config.source,
-            [f"websocket.tls_cert/tls_key: cannot load {ws.tls_cert!r} and {ws.tls_key!r}: {exc}"],
-        ) from None
-    return context
-
-
-def prepare_listener(config: Config, *, allow_remote: bool, insecure: bool) -> _Prepared:
-    """
-    Everything about ``serve`` that can be checked before a socket or an agent exists.
-
-    Blocking (reads or writes the token file).
-
-    Raises:
-        ConfigError: bind policy, TLS files or token file.
-    """
-    check_bind(config, allow_remote=allow_remote, insecure=insecure)
-    context = make_ssl_context(config)
-    token, token_path = load_or_create_token(config)
-    return _Prepared(
-        token=token,
-        token_path=token_path,
-        ssl_context=context,
-        remote=not is_loopback(config.websocket.host),
-    )
-
-
-# --- the trio part ---------------------------------------------------------------------------
 
 
 class _ReplayStream(trio.abc.Stream):
@@ -639,25 +215,6 @@ class _ReplayStream(trio.abc.Stream):
                     self.close_sent = True
                     await self._write(bytes((0x88, len(payload))) + payload)
         await self._stream.aclose()
-
-
-def text_frames(messages: list[bytes]) -> bytes:
-    """
-    RFC 6455 server frames: each message (with a trailing newline, which is dropped) as one
-    final, unmasked text frame. The payload must be UTF-8 (the bridge relays only what it
-    decoded as JSON, and encodes UTF-8). No extension is ever negotiated, so RSV bits are 0.
-    """
-    parts: list[bytes | memoryview] = []
-    for message in messages:
-        n = len(message) - 1
-        if n < 126:
-            parts.append(bytes((0x81, n)))
-        elif n < 1 << 16:
-            parts.append(struct.pack("!BBH", 0x81, 126, n))
-        else:
-            parts.append(struct.pack("!BBQ", 0x81, 127, n))
-        parts.append(memoryview(message)[:n])
-    return b"".join(parts)
 
 
 @attrs.define
@@ -812,7 +369,7 @@ class WebSocketFace:
             return
         self._busy += 1
         try:
-            await self._refuse(stream, Refuse(503, "busy: too many handshakes", _RETRY), log)
+            await self._refuse(stream, BUSY, log)
         finally:
             self._busy -= 1
 
@@ -1076,6 +633,18 @@ def _path_of(head: RequestHead) -> str:
     return urllib.parse.urlsplit(head.target).path[:200]
 
 
+def _request_head(event: h11.Request) -> RequestHead:
+    return RequestHead(
+        method=event.method.decode("ascii", "replace"),
+        target=event.target.decode("latin-1"),
+        http_version=event.http_version.decode("ascii", "replace"),
+        headers=tuple(
+            (name.decode("latin-1").lower(), value.decode("latin-1"))
+            for name, value in event.headers
+        ),
+    )
+
+
 async def _read_head(stream: trio.abc.Stream) -> tuple[RequestHead, bytes] | Refuse | None:
     """
     Read up to the end of an HTTP request head: the head and every byte read (to replay).
@@ -1104,7 +673,7 @@ async def _read_head(stream: trio.abc.Stream) -> tuple[RequestHead, bytes] | Ref
             parser.receive_data(data)
             continue
         if isinstance(event, h11.Request):
-            return RequestHead.from_h11(event), bytes(received)
+            return _request_head(event), bytes(received)
         return None
 
 
@@ -1128,197 +697,3 @@ async def _send_quietly(stream: trio.abc.Stream, data: bytes) -> None:
             drained = 0
             while drained < LINGER_BYTES and (chunk := await stream.receive_some(_READ_CHUNK)):
                 drained += len(chunk)
-
-
-def _url(scheme: str, host: str, port: int, path: str) -> str:
-    if host in ("", "0.0.0.0"):  # a wildcard bind is reachable on loopback
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return f"{scheme}://{_bracketed(host)}:{port}{path}"
-
-
-async def serve_websocket(
-    bridge: Bridge,
-    config: Config,
-    *,
-    allow_remote: bool = False,
-    insecure: bool = False,
-    task_status: trio.TaskStatus[ListenInfo] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """
-    Listen on ``[websocket] host:port`` and serve every connection until cancelled.
-
-    Reports :class:`ListenInfo` through ``task_status`` once listening (with the real port
-    when the config says 0).
-
-    Raises:
-        ConfigError: the bind policy, the TLS files or the token file (before listening).
-        ListenError: the port cannot be bound.
-    """
-    prepared = await trio.to_thread.run_sync(
-        partial(prepare_listener, config, allow_remote=allow_remote, insecure=insecure)
-    )
-    await _serve_prepared(bridge, config, prepared, task_status=task_status)
-
-
-async def _serve_prepared(
-    bridge: Bridge,
-    config: Config,
-    prepared: _Prepared,
-    *,
-    task_status: trio.TaskStatus[ListenInfo] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    settings = config.websocket
-    host = settings.host
-    try:
-        listeners = await trio.open_tcp_listeners(
-            settings.port, host=None if host in ("", "*") else host
-        )
-    except OSError as exc:
-        raise ListenError(
-            f"cannot listen on {host}:{settings.port}: {exc.strerror or exc}"
-        ) from None
-    if settings.port == 0 and len(listeners) > 1:
-        # A name with several addresses got a different free port on each: keep one.
-        for extra in listeners[1:]:
-            await extra.aclose()
-        listeners = listeners[:1]
-    bound = [listener.socket.getsockname() for listener in listeners]
-    if not prepared.remote and not all(is_loopback(str(address[0])) for address in bound):
-        for listener in listeners:
-            await listener.aclose()
-        raise ConfigError(
-            config.source, [f"websocket.host {host!r} resolves to a non-loopback address"]
-        )
-    port = int(bound[0][1])
-    face = WebSocketFace(
-        bridge, settings, token=prepared.token, port=port, ssl_context=prepared.ssl_context
-    )
-    scheme = "wss" if prepared.ssl_context is not None else "ws"
-    info = ListenInfo(
-        host=str(bound[0][0]),
-        port=port,
-        url=_url(scheme, host, port, settings.path),
-        token_path=prepared.token_path,
-    )
-
-    async def handler(stream: trio.SocketStream) -> None:
-        try:
-            await face.handle_connection(stream)
-        except Exception:  # one connection's bug must not take the daemon down
-            logger.exception("ws_connection_crashed")
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handler, listeners)
-        logger.info("ws_listening", url=info.url, addresses=[str(a[0]) for a in bound])
-        task_status.started(info)
-
-
-def startup_summary(info: ListenInfo, *, agent: str, agent_state: str) -> str:
-    """The one message ``serve`` prints once listening: where, the token, an editor entry."""
-    http_scheme = "https" if info.url.startswith("wss:") else "http"
-    base = info.url.split("://", 1)[1].split("/", 1)[0]
-    command = shutil.which("acp-bridge")
-    if command is not None:
-        argv = [command, "attach", info.url]
-    else:
-        argv = [sys.executable, "-m", "acp_bridge", "attach", info.url]
-    if info.token_path is not None:
-        argv += ["--token-file", info.token_path]
-        token_line = f"  token:   {info.token_path} (clients send: Authorization: Bearer TOKEN)"
-    else:
-        token_line = (
-            "  token:   websocket.token in the config (for `attach`, put it in a 0600 file and "
-            "pass --token-file)"
-        )
-    entry = {"acp-bridge": {"type": "custom", "command": argv[0], "args": argv[1:], "env": {}}}
-    snippet = json.dumps({"agent_servers": entry}, indent=2)
-    return "\n".join(
-        [
-            f"acp-bridge serve: listening on {info.url}",
-            f"  agent:   {agent} ({agent_state})",
-            token_line,
-            f"  health:  {http_scheme}://{base}/healthz",
-            f"  status:  acp-bridge status, or {http_scheme}://{base}/status and /metrics "
-            "(with the token)",
-            "  Zed: add to settings.json:",
-            *(f"    {line}" for line in snippet.splitlines()),
-        ]
-    )
-
-
-#: What agents of the daemon are told their client can do. Clients come and go and differ;
-#: the bridge relays these to whichever client holds the session, and refuses a call (-32601
-#: to the agent) when that client did not advertise it.
-DAEMON_AGENT_CAPABILITIES: Final = {
-    "fs": {"readTextFile": True, "writeTextFile": True},
-    "terminal": True,
-}
-
-
-def run_serve(
-    config: Config,
-    *,
-    allow_remote: bool = False,
-    insecure: bool = False,
-    trace_file: IO[bytes] | None = None,
-    redactor: Redactor | None = None,
-) -> int:
-    """
-    ``acp-bridge serve``: the bridge with real agents, and the WebSocket face, until a signal.
-
-    Starts listening first, then the default agent (a failure is logged and ``/healthz``
-    says 503; a later ``initialize`` retries), then prints one summary to stderr. With
-    ``trace_file``, every message is recorded there (see ``_trace.py``).
-
-    Returns:
-        The exit status: 0 after SIGTERM/SIGINT, 2 for an unusable configuration (bind
-        policy, TLS or token file), 1 when the port cannot be bound.
-    """
-    try:
-        prepared = prepare_listener(config, allow_remote=allow_remote, insecure=insecure)
-    except ConfigError as exc:
-        print(f"acp-bridge serve: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    # The bridge's secrets, in its logs and trace too: give the one logging was configured with.
-    redactor = redactor if redactor is not None else Redactor()
-    redactor.add(prepared.token.decode("utf-8", "replace"))  # never in logs or traces
-
-    async def body(bridge: Bridge) -> None:
-        async with trio.open_nursery() as nursery:
-            info: ListenInfo = await nursery.start(
-                partial(_serve_prepared, bridge, config, prepared)
-            )
-            name = bridge.default_agent
-            try:
-                await bridge.ensure_ready(bridge.agents[name])
-                state = "ready"
-            except JsonRpcError as exc:
-                logger.error("default_agent_failed", agent=name, error=exc.message)
-                state = f"failed to start: {exc.message}"
-            print(startup_summary(info, agent=name, agent_state=state), file=sys.stderr, flush=True)
-
-    async def main() -> None:
-        async with open_wire_trace(trace_file, redactor=redactor) as tracer:
-            await with_bridge(
-                config,
-                body,
-                agent_client_capabilities=DAEMON_AGENT_CAPABILITIES,
-                tracer=tracer,
-                redactor=redactor,
-            )
-
-    problems: list[str] = []
-    status = 0
-    try:
-        trio.run(main)
-    except* ListenError as group:
-        problems = [str(exc) for exc in leaves(group)]
-        status = EXIT_LISTEN
-    except* ConfigError as group:
-        problems = [str(exc) for exc in leaves(group)]
-        status = EXIT_CONFIG
-    for problem in problems:
-        print(f"acp-bridge serve: {problem}", file=sys.stderr)
-    return status

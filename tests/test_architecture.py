@@ -41,6 +41,8 @@ PURE: tuple[str, ...] = (
     "_capabilities",
     "_wire",
     "_sessions",
+    "_handshake",
+    "_demo_script",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).
@@ -56,11 +58,11 @@ KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
 
 #: The share of the package's lines in modules that reach no trio import: a ratchet, raise it
 #: when a change moves more code out of the trio shells.
-PURE_SHARE_FLOOR = 0.342
+PURE_SHARE_FLOOR = 0.414
 
 #: Modules above the size limit, still to split. Only shrinks.
 MAX_LINES = 800
-OVERSIZE: frozenset[str] = frozenset({"_bridge", "_ws", "_demo_agent"})
+OVERSIZE: frozenset[str] = frozenset({"_bridge"})
 
 TRIO = frozenset({"trio", "trio_websocket"})
 
@@ -228,12 +230,12 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
         "    from acp_bridge._bridge import Bridge\n"
         "def f():\n"
         "    import trio.testing\n"
-        "    from acp_bridge._ws import judge\n"
+        "    from acp_bridge._handshake import judge\n"
     )
     path = tmp_path / "probe.py"
     path.write_text(source)
     inside, outside = _imports(path)
-    assert inside == {"__init__", "_pipes", "_framing", "_bridge", "_ws"}
+    assert inside == {"__init__", "_pipes", "_framing", "_bridge", "_handshake"}
     assert outside == {"typing", "trio"}
 
 

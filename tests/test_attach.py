@@ -36,8 +36,8 @@ from acp_bridge._attach_core import AttachCore, Backoff, Phase
 from acp_bridge._bridge import Bridge
 from acp_bridge._config import WebSocketConfig
 from acp_bridge._jsonrpc import dumps, loads
+from acp_bridge._serve import serve_websocket
 from acp_bridge._token import TokenError
-from acp_bridge._ws import serve_websocket
 
 from .fakes import FakeAgent, TestClient, make_config
 

@@ -41,7 +41,7 @@ from acp_bridge._agent import make_subprocess_launcher
 from acp_bridge._bridge import READ_CHUNK, READ_ROUND_LINES, Bridge
 from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfig
 from acp_bridge._jsonrpc import dumps
-from acp_bridge._ws import serve_websocket
+from acp_bridge._serve import serve_websocket
 from bench.soak import held_memory, minute_floors
 
 from .fakes import FakeAgent, chunk_update, open_bridge
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from acp_bridge._links import ClientLink
-    from acp_bridge._ws import ListenInfo
+    from acp_bridge._serve import ListenInfo
 
 pytestmark = pytest.mark.e2e
 

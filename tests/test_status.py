@@ -22,8 +22,8 @@ from acp_bridge._bridge import Bridge
 from acp_bridge._cli import main
 from acp_bridge._config import Config, WebSocketConfig
 from acp_bridge._policy import parse_policy
+from acp_bridge._serve import serve_websocket
 from acp_bridge._status import StatusError, format_status, render_metrics, status_url
-from acp_bridge._ws import serve_websocket
 
 from .fakes import FakeAgent
 from .test_ws import (

@@ -37,22 +37,10 @@ from acp.schema import ClientCapabilities, FileSystemCapabilities
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._bridge import Bridge
 from acp_bridge._config import ConfigError, WebSocketConfig, load_config
+from acp_bridge._handshake import text_frames
 from acp_bridge._jsonrpc import JsonRpcError
-from acp_bridge._ws import (
-    HANDSHAKE_EVICT_AGE,
-    MAX_HEAD_BYTES,
-    HandshakePolicy,
-    ListenInfo,
-    Refuse,
-    RequestHead,
-    Upgrade,
-    WebSocketFace,
-    _ReplayStream,
-    check_bind,
-    judge,
-    serve_websocket,
-    text_frames,
-)
+from acp_bridge._serve import ListenInfo, serve_websocket
+from acp_bridge._ws import HANDSHAKE_EVICT_AGE, MAX_HEAD_BYTES, WebSocketFace, _ReplayStream
 
 from .fakes import FakeAgent, make_config
 from .peers.sdk_client import RecordingClient
@@ -537,42 +525,6 @@ async def test_other_requests_get_small_http_errors(request_bytes, status):
             assert response.headers["connection"] == "close"
             assert len(response.body) < 100
             assert not server.bridge.clients
-
-
-def test_judge_host_forms():
-    """IPv6 hosts, defaults and duplicates, decided without sockets."""
-    settings = WebSocketConfig(host="::", port=9000, allowed_hosts=("bad host",))
-    policy = HandshakePolicy.build(settings, token=b"t", port=9000, tls=False)
-
-    def head(*headers: tuple[str, str]) -> RequestHead:
-        base = (
-            ("upgrade", "websocket"),
-            ("connection", "Upgrade"),
-            ("sec-websocket-version", "13"),
-            ("sec-websocket-key", "x"),
-            ("authorization", "Bearer t"),
-        )
-        return RequestHead("GET", "/acp", "1.1", (*headers, *base))
-
-    assert judge(head(("host", "[::1]:9000")), policy, connections=0) == Upgrade()
-    # A wildcard bind: any IP literal with the right port (no name can be rebound to it).
-    assert judge(head(("host", "192.0.2.7:9000")), policy, connections=0) == Upgrade()
-    assert judge(head(("host", "[2001:db8::1]:9000")), policy, connections=0) == Upgrade()
-    for bad in (
-        "192.0.2.7:9001",
-        "[::1",
-        "::1:9000",
-        "evil.example:9000",
-        "a:b:c",
-        "x@127.0.0.1:9000",
-    ):
-        verdict = judge(head(("host", bad)), policy, connections=0)
-        assert verdict == Refuse(403, "forbidden: unknown Host"), bad
-    two = head(("host", "[::1]:9000"), ("host", "[::1]:9000"))
-    assert judge(two, policy, connections=0) == Refuse(403, "forbidden: unknown Host")
-    full = judge(head(("host", "[::1]:9000")), policy, connections=64)
-    assert isinstance(full, Refuse)
-    assert full.status == 503
 
 
 # -- health ------------------------------------------------------------------------------------
@@ -1095,35 +1047,7 @@ async def test_cancelled_server_closes_connections_with_1001():
             assert await client.next_event() is None
 
 
-# -- start-up: bind policy (the token file: test_token.py) ---------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("host", "allow_remote", "insecure", "tls", "ok"),
-    [
-        ("127.0.0.1", False, False, False, True),
-        ("localhost", False, False, False, True),
-        ("::1", False, False, False, True),
-        ("127.0.0.2", False, False, False, True),
-        ("0.0.0.0", False, False, False, False),
-        ("0.0.0.0", True, False, False, False),
-        ("0.0.0.0", True, True, False, True),
-        ("0.0.0.0", True, False, True, True),
-        ("192.0.2.1", False, True, True, False),
-        ("example.org", True, False, False, False),
-    ],
-)
-def test_bind_policy(host, allow_remote, insecure, tls, ok):
-    """Non-loopback needs --allow-remote, and TLS or --insecure; loopback needs neither."""
-    tls_files = {"tls_cert": "c.pem", "tls_key": "k.pem"} if tls else {}
-    config = attrs.evolve(
-        make_config({"a": FakeAgent("a")}), websocket=WebSocketConfig(host=host, **tls_files)
-    )
-    if ok:
-        check_bind(config, allow_remote=allow_remote, insecure=insecure)
-    else:
-        with pytest.raises(ConfigError, match="not a loopback address"):
-            check_bind(config, allow_remote=allow_remote, insecure=insecure)
+# -- start-up: TLS files, allowed hosts, `serve` (bind policy: test_handshake.py) ---------------
 
 
 def test_tls_files_come_in_pairs_and_resolve_against_the_config(tmp_path):
@@ -1214,21 +1138,6 @@ async def test_serve_process_answers_healthz_and_stops_on_sigterm(tmp_path):
 
 
 # -- the writer's own framing -------------------------------------------------------------
-
-
-@pytest.mark.parametrize("sizes", [[0, 1, 125], [126, 65535], [65536, 70000, 2], [3] * 500])
-def test_text_frames_are_what_a_websocket_client_reads_as_whole_text_messages(sizes):
-    """Each queued line becomes one final, unmasked text frame (all three length forms),
-    read back by wsproto's own frame parser as the same text, newline dropped."""
-    from wsproto.frame_protocol import FrameProtocol, Opcode
-
-    messages = [("é" * (n // 2) + "x" * (n % 2) + "\n").encode() for n in sizes]
-    parser = FrameProtocol(client=True, extensions=[])
-    parser.receive_bytes(text_frames(messages))
-    frames = list(parser.received_frames())
-    assert [f.opcode for f in frames] == [Opcode.TEXT] * len(sizes)
-    assert all(f.frame_finished and f.message_finished for f in frames)
-    assert [f.payload for f in frames] == [m[:-1].decode() for m in messages]
 
 
 async def test_no_data_frame_follows_the_close_frame():

@@ -40,6 +40,8 @@ PURE: tuple[str, ...] = (
     "_remote",
     "_capabilities",
     "_wire",
+    "_mcp_tools",
+    "_mcp_core",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

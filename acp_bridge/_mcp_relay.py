@@ -104,6 +104,8 @@ class _Relay:
             self.session_id = answer_headers.get("mcp-session-id")
             version = _field(body, "result", "protocolVersion")
             self.version = version if version in PROTOCOL_VERSIONS else None
+        if status >= 400:
+            logger.warning("mcp_relay_refused", status=status, method=message.get("method"))
         if status == 202 or not is_request:
             return  # a cancelled request, or a notification: no answer on stdout
         if answer_headers.get("content-type", "").startswith("application/json"):

@@ -147,12 +147,21 @@ class McpEndpoint:
         await trio.serve_listeners(self.handle_connection, listeners)
 
     async def start(self, nursery: trio.Nursery) -> str:
-        """Listen in ``nursery`` unless already listening (stdio mode: only once needed)."""
+        """
+        Listen in ``nursery`` unless already listening (stdio mode: only once needed).
+
+        Raises:
+            OSError: no loopback port could be bound (the first caller; later ones get
+                RuntimeError from :attr:`url`: there is no retry).
+        """
         if self._started is None:
             self._started = trio.Event()
-            await nursery.start(self.serve)
-            self._started.set()
-        await self._started.wait()
+            try:
+                await nursery.start(self.serve)
+            finally:
+                self._started.set()  # callers waiting meanwhile must not wait forever
+        else:
+            await self._started.wait()
         return self.url
 
     def server_entry(

@@ -480,6 +480,52 @@ async def test_the_python_sdk_lists_and_calls_the_tools_over_stdio(nursery):
             await _python_client_session(client, host)
 
 
+async def test_the_listener_starts_once_and_its_url_names_it(nursery):
+    endpoint = McpEndpoint(FakeHost())
+    with pytest.raises(RuntimeError, match="not listening"):
+        endpoint.server_entry("t", http=True)
+    async with trio.open_nursery() as starters:
+        urls: list[str] = []
+
+        async def start() -> None:
+            urls.append(await endpoint.start(nursery))
+
+        starters.start_soon(start)
+        starters.start_soon(start)
+    assert urls[0] == urls[1] == f"http://127.0.0.1:{endpoint.port}/mcp"
+    entry = endpoint.server_entry("t", http=True)
+    assert entry == {
+        "type": "http",
+        "name": "acp-bridge",
+        "url": urls[0],
+        "headers": [{"name": "Authorization", "value": "Bearer t"}],
+    }
+
+
+async def test_a_listener_that_cannot_start_fails_every_caller_instead_of_hanging(
+    nursery, monkeypatch
+):
+    async def no_port(*args: Any, **kwargs: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        raise OSError("no port for you")
+
+    monkeypatch.setattr(trio, "open_tcp_listeners", no_port)
+    endpoint = McpEndpoint(FakeHost())
+    failures: list[str] = []
+
+    async def start() -> None:
+        try:
+            await endpoint.start(nursery)
+        except (OSError, RuntimeError) as exc:
+            failures.append(type(exc).__name__)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as starters:
+            starters.start_soon(start)
+            starters.start_soon(start)
+    assert sorted(failures) == ["OSError", "RuntimeError"]
+
+
 @pytest.mark.e2e
 async def test_acp_bridge_mcp_refuses_to_start_without_a_token_or_on_a_remote_url():
     for env, url, said in [

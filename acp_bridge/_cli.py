@@ -161,6 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep trying this long to make the first connection (default: 10)",
     )
     _add_logging(attach)
+
+    mcp = sub.add_parser(
+        "mcp",
+        help="stdio MCP server an agent runs: relays to the bridge's sub-agent tools (the "
+        "bridge puts it in a session's mcpServers; token in $ACP_BRIDGE_MCP_TOKEN)",
+    )
+    mcp.add_argument(
+        "--url", required=True, help="the bridge's MCP endpoint, http://127.0.0.1:PORT/mcp"
+    )
+    mcp.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="environment variable holding the session's token (default: ACP_BRIDGE_MCP_TOKEN)",
+    )
+    _add_logging(mcp, level="warning")
     return parser
 
 
@@ -209,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from acp_bridge._attach import main_attach
 
         return main_attach(args)
+    if args.command == "mcp":
+        from acp_bridge._mcp_relay import main_mcp
+
+        return main_mcp(args)
     if args.command == "status":
         from acp_bridge._status import main_status
 

@@ -43,6 +43,8 @@ PURE: tuple[str, ...] = (
     "_sessions",
     "_handshake",
     "_demo_script",
+    "_mcp_tools",
+    "_mcp_core",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

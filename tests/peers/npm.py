@@ -35,13 +35,13 @@ def pins_digest() -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def npm_peer_bin(package: str, command: str | None = None) -> Path:
+def npm_peer_dir(package: str) -> Path:
     """
-    The installed executable ``command`` (default: the package's name) of npm peer ``package``.
+    Where npm peer ``package`` is installed (its directory under ``node_modules``).
 
     Skips the calling test, saying what is missing, when node is not on PATH or the peers are
     not installed (or installed from other pins): run ``./scripts/test`` once to install them.
-    Fails when the install is stamped good but the package or its executable is not there.
+    Fails when the install is stamped good but the package is not there at its pinned version.
     """
     version = pinned_dependencies().get(package)
     if version is None:
@@ -55,9 +55,20 @@ def npm_peer_bin(package: str, command: str | None = None) -> Path:
             f"the npm test peers are {state} in {INSTALL.name}/ "
             f"(run ./scripts/test, which installs {package} {version})"
         )
-    modules = INSTALL / "node_modules"
-    installed = json.loads((modules / package / "package.json").read_text())["version"]
+    where = INSTALL / "node_modules" / package
+    installed = json.loads((where / "package.json").read_text())["version"]
     assert installed == version, f"{package} {installed} installed, {version} pinned"
-    path = modules / ".bin" / (command or package)
+    return where
+
+
+def npm_peer_bin(package: str, command: str | None = None) -> Path:
+    """
+    The installed executable ``command`` (default: the package's name) of npm peer ``package``.
+
+    Skips or fails as :func:`npm_peer_dir`; fails too when the executable is not there.
+    """
+    npm_peer_dir(package)
+    version = pinned_dependencies()[package]
+    path = INSTALL / "node_modules" / ".bin" / (command or package)
     assert path.is_file(), f"{package} {version} is installed but has no {path.name} executable"
     return path

@@ -2,8 +2,9 @@
 The attach shim's decisions (run by ``_attach.py``): no I/O, no trio, no clock.
 
 :class:`AttachCore` is fed the editor's lines and the bridge's frames and says what goes where;
-``_attach.py`` runs it with one task per direction and peer. :class:`Backoff` spaces the
-reconnection attempts, given a source of jitter.
+``_attach.py`` runs it with one task per direction and peer. The sessions it takes back after a
+reconnect are kept by a :class:`~acp_bridge._attach_sessions.SessionBook` it owns.
+:class:`Backoff` spaces the reconnection attempts, given a source of jitter.
 
 Ids:
     Editor → bridge ids pass unchanged: the bridge answers the requests of a lost connection on
@@ -28,6 +29,10 @@ import attrs
 import structlog
 
 from acp_bridge import _jsonrpc as rpc
+from acp_bridge._attach_sessions import Request as _Request
+from acp_bridge._attach_sessions import SessionBook, Tracked, log_line
+from acp_bridge._attach_sessions import bridge_meta as _bridge_meta
+from acp_bridge._attach_sessions import error_text as _error_text
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
     JsonObject,
@@ -66,11 +71,6 @@ MAX_PENDING: Final = 10_000
 MAX_ASKS: Final = 10_000
 #: Sessions the shim takes back after a reconnect; more are relayed but not tracked.
 MAX_SESSIONS: Final = 10_000
-#: Requests carrying a sessionId that the bridge forwards to the agent bound to that session,
-#: so that the connection which takes the session back gets their answers. (load/resume of a
-#: live session and close without agent support are answered by the bridge at once: an
-#: answer to a connection that died is lost.)
-_NOT_MOVED: Final = frozenset({"session/load", "session/resume", "session/close"})
 
 
 class Phase(enum.Enum):
@@ -104,35 +104,6 @@ class AttachStatistics:
     pending_requests: int
     editor_asks: int
     sessions: int
-
-
-@attrs.define(slots=True)
-class _Tracked:
-    """A session the shim takes back after a reconnect."""
-
-    cwd: Any
-    mcp_servers: Any
-    agent: str | None
-    #: seq of the last update relayed to the editor; None: unknown (resumed, nothing since)
-    last_seq: int | None = 0
-    #: False while the editor's own load/resume of it is out
-    confirmed: bool = True
-
-
-@attrs.define(slots=True)
-class _Request:
-    """An editor request waiting for its answer."""
-
-    method: str
-    session_id: str | None
-    #: the connection it went out on; 0 while held
-    epoch: int = 0
-    cwd: Any = None
-    mcp_servers: Any = None
-    agent: str | None = None
-    #: a load/resume that tracks its session provisionally: what to restore if it fails
-    provisional: bool = False
-    previous: _Tracked | None = None
 
 
 @attrs.define(slots=True)
@@ -194,11 +165,10 @@ class AttachCore:
         self._held_max_bytes = held_bytes
         self._max_pending = max_pending
         self._max_asks = max_asks
-        self._max_sessions = max_sessions
         #: the editor's initialize params (with seq on), once one of them went out
         self._init_params: JsonObject | None = None
         self._init_sent = False
-        self.sessions: dict[str, _Tracked] = {}
+        self._book = SessionBook(max_sessions)
         self._requests: dict[JsonRpcId, _Request] = {}
         self._asks: dict[int, _Ask] = {}
         self._ask_ids = itertools.count(1)
@@ -209,10 +179,12 @@ class AttachCore:
         self._control: deque[str] = deque()
         self._held: deque[_Held] = deque()
         self._held_bytes = 0
-        #: sessions this connection is taking back / took back
-        self._reattaching: set[str] = set()
-        self._reattached: set[str] = set()
         self.log = logger
+
+    @property
+    def sessions(self) -> dict[str, Tracked]:
+        """The sessions taken back after a reconnect, by id."""
+        return self._book.sessions
 
     def statistics(self) -> AttachStatistics:
         return AttachStatistics(
@@ -293,41 +265,9 @@ class AttachCore:
             changed = True
         sid = params.get("sessionId")
         request = _Request(method, sid if isinstance(sid, str) else None)
-        if method in ("session/new", "session/fork", "session/load", "session/resume"):
-            agent = _bridge_meta(params).get("agent")
-            request.cwd = params.get("cwd")
-            request.mcp_servers = params.get("mcpServers", [])
-            request.agent = agent if isinstance(agent, str) else None
-        if method in ("session/load", "session/resume") and request.session_id is not None:
-            self._track_provisionally(request, params)
+        self._book.opening(request, params)
         self._requests[req_id] = request
         return self._hold(_Held(_text(msg) if changed else text, size, request_id=req_id))
-
-    def _track_provisionally(self, request: _Request, params: JsonObject) -> None:
-        """The editor loads or resumes a session: follow its seq from now on."""
-        sid = request.session_id
-        assert sid is not None
-        previous = self.sessions.get(sid)
-        if request.method == "session/load":
-            after = _bridge_meta(params).get("after_seq")
-            last: int | None = after if type(after) is int else 0
-        else:
-            last = previous.last_seq if previous is not None else None
-        tracked = _Tracked(request.cwd, request.mcp_servers, request.agent, last, confirmed=False)
-        if self._track(sid, tracked):
-            request.provisional = True
-            request.previous = previous
-
-    def _undo(self, request: _Request) -> None:
-        """A load/resume that will not succeed: its session's tracking goes back."""
-        if not request.provisional:
-            return
-        request.provisional = False
-        assert request.session_id is not None
-        if request.previous is not None:
-            self.sessions[request.session_id] = request.previous
-        else:
-            self.sessions.pop(request.session_id, None)
 
     def _hold(self, held: _Held) -> list[bytes]:
         if self.phase is not Phase.LIVE and not self.has_room(held.size):
@@ -348,7 +288,7 @@ class AttachCore:
     def _fail_request(self, req_id: JsonRpcId, message: str) -> bytes:
         request = self._requests.pop(req_id, None)
         if request is not None:
-            self._undo(request)
+            self._book.undo(request)
         return dumps(rpc.error(req_id, JsonRpcError(INTERNAL_ERROR, message)))
 
     def next_for_bridge(self) -> Outgoing | None:
@@ -423,22 +363,7 @@ class AttachCore:
         method: str = msg["method"]
         params = params_of(msg)
         if method == "session/update":
-            sid = params.get("sessionId")
-            tracked = self.sessions.get(sid) if isinstance(sid, str) else None
-            if tracked is not None:
-                seq = _bridge_meta(params).get("seq")
-                if type(seq) is int:
-                    tracked.last_seq = seq
-                update = params.get("update")
-                if (
-                    sid in self._reattaching
-                    and isinstance(update, dict)
-                    and update.get("sessionUpdate") == "user_message_chunk"
-                ):
-                    # The bridge's history holds the editor's own prompts; a replay after
-                    # a reconnect would echo them back as if someone else had typed them.
-                    return []
-            return [_line(msg, text)]
+            return [_line(msg, text)] if self._book.update(params) else []
         if method in ("$/cancel_request", "_acp_bridge/permission_resolved"):
             bridge_id = params.get("requestId")
             ask_id = self._by_bridge_id.get(bridge_id) if _hashable(bridge_id) else None
@@ -484,39 +409,8 @@ class AttachCore:
             # Answered here already (the connection it went out on was lost meanwhile).
             self.log.info("bridge_answer_unmatched", id=resp_id)
             return []
-        self._settle(request, msg)
+        self._book.answered(request, msg)
         return [_line(msg, text)]
-
-    def _settle(self, request: _Request, msg: JsonObject) -> None:
-        """Session bookkeeping when an editor request is answered."""
-        method = request.method
-        result = msg.get("result")
-        ok = "result" in msg
-        sid = request.session_id
-        if method in ("session/new", "session/fork"):
-            new = result.get("sessionId") if isinstance(result, dict) else None
-            if ok and isinstance(new, str):
-                self._track(new, _Tracked(request.cwd, request.mcp_servers, request.agent))
-        elif method in ("session/load", "session/resume") and sid is not None:
-            tracked = self.sessions.get(sid)
-            if not ok or tracked is None:
-                self._undo(request)
-                return
-            request.provisional = False
-            tracked.confirmed = True
-            last = _bridge_meta(result).get("lastSeq")
-            if type(last) is int:
-                # Up to lastSeq the editor has everything now; later updates follow.
-                tracked.last_seq = last
-        elif method in ("session/close", "session/delete") and ok and sid is not None:
-            self.sessions.pop(sid, None)
-
-    def _track(self, sid: str, tracked: _Tracked) -> bool:
-        if sid not in self.sessions and len(self.sessions) >= self._max_sessions:
-            self.log.warning("session_not_tracked", session=sid, limit=self._max_sessions)
-            return False
-        self.sessions[sid] = tracked
-        return True
 
     # ------------------------------------------------------------------ connections
 
@@ -525,8 +419,7 @@ class AttachCore:
         self.epoch += 1
         self._control.clear()
         self._internal.clear()
-        self._reattaching.clear()
-        self._reattached.clear()
+        self._book.opened()
         self.phase = Phase.ATTACHING
         if self._init_params is None or not self._init_sent:
             return self._maybe_live()
@@ -538,7 +431,7 @@ class AttachCore:
         self.phase = Phase.OFFLINE
         self._control.clear()
         self._internal.clear()
-        self._reattaching.clear()
+        self._book.lost()
         for ask_id, ask in self._asks.items():
             if ask.bridge_id is not None:
                 ask.bridge_id = None
@@ -546,7 +439,7 @@ class AttachCore:
         self._by_bridge_id.clear()
         for request in self._requests.values():
             if request.epoch and request.method in ("session/load", "session/resume"):
-                self._undo(request)
+                self._book.undo(request)
 
     def give_up(self, reason: str) -> list[bytes]:
         """The bridge stays unreachable: every request still waiting gets an error."""
@@ -575,80 +468,22 @@ class AttachCore:
                 if request.method == "initialize" and 0 < request.epoch < self.epoch:
                     del self._requests[req_id]
                     out.append(dumps(rpc.result(req_id, result)))
-            self._take_sessions_back(out)
+            for load in self._book.take_back(out):
+                self._internal_request(load.method, load.params, _Internal("load", load.session_id))
+            if self._orphans:
+                # Requests the bridge shows again come right after each load's answer; once
+                # this is answered, those that did not come were settled while we were away.
+                self._internal_request("_acp_bridge/agents", {}, _Internal("barrier"))
         elif internal.kind == "load":
-            sid = internal.session_id
-            assert sid is not None
-            tracked = self.sessions.get(sid)
-            if "result" not in msg or tracked is None:
-                self.sessions.pop(sid, None)
-                self.log.warning("session_not_taken_back", session=sid, error=_error_text(msg))
-                out.append(
-                    log_line(
-                        "error",
-                        "after reconnecting, this session could not be taken back: "
-                        + _error_text(msg),
-                        session=sid,
-                    )
-                )
-            else:
-                self._reattached.add(sid)
-                meta = _bridge_meta(result)
-                last = meta.get("lastSeq")
-                if type(last) is int:
-                    tracked.last_seq = last
-                if meta.get("complete") is False:
-                    out.append(
-                        log_line(
-                            "warning",
-                            "updates of this session were lost while disconnected (the "
-                            "bridge's history no longer held them): resync required",
-                            session=sid,
-                        )
-                    )
+            assert internal.session_id is not None
+            out += self._book.taken_back(internal.session_id, msg)
         return out + self._maybe_live()
-
-    def _take_sessions_back(self, out: list[bytes]) -> None:
-        for sid, tracked in self.sessions.items():
-            if not tracked.confirmed:
-                continue
-            params: JsonObject = {"sessionId": sid, "mcpServers": tracked.mcp_servers}
-            if tracked.cwd is not None:
-                params["cwd"] = tracked.cwd
-            ours: JsonObject = {}
-            if tracked.agent is not None:
-                ours["agent"] = tracked.agent
-            if tracked.last_seq is None:
-                # Resumed by the editor and quiet since: no seq to replay after.
-                method = "session/resume"
-                out.append(
-                    log_line(
-                        "warning",
-                        "reconnected without replay: updates sent while disconnected may be "
-                        "missing",
-                        session=sid,
-                    )
-                )
-            else:
-                method = "session/load"
-                ours["after_seq"] = tracked.last_seq
-                # The editor's stream goes on even when only the bridge's journal has the
-                # session (the daemon restarted): as before, a prompt then says why it fails.
-                ours["journal_replay"] = True
-            if ours:
-                params["_meta"] = {"acp_bridge": ours}
-            self._internal_request(method, params, _Internal("load", sid))
-            self._reattaching.add(sid)
-        if self._orphans:
-            # Requests the bridge shows again come right after each load's answer; once
-            # this is answered, those that did not come were settled while we were away.
-            self._internal_request("_acp_bridge/agents", {}, _Internal("barrier"))
 
     def _maybe_live(self) -> list[bytes]:
         if self.phase is not Phase.ATTACHING or self._internal:
             return []
         self.phase = Phase.LIVE
-        self._reattaching.clear()
+        self._book.live()
         out: list[bytes] = []
         for ids in self._orphans.values():
             for ask_id in ids:
@@ -658,7 +493,7 @@ class AttachCore:
         for req_id, request in list(self._requests.items()):
             if request.epoch in (0, self.epoch):
                 continue
-            if request.session_id in self._reattached and request.method not in _NOT_MOVED:
+            if self._book.moved(request):
                 continue  # the bridge answers it on this connection, with the same id
             out.append(
                 self._fail_request(
@@ -686,13 +521,6 @@ def _hashable(value: object) -> bool:
     return value is None or type(value) in (int, str, float)
 
 
-def _bridge_meta(params: object) -> JsonObject:
-    """``params._meta.acp_bridge``, or {}."""
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    ours = meta.get("acp_bridge") if isinstance(meta, dict) else None
-    return ours if isinstance(ours, dict) else {}
-
-
 def _with_bridge_meta(params: JsonObject, **fields: Any) -> JsonObject:
     """A copy of ``params`` with ``_meta.acp_bridge`` fields merged in (other _meta kept)."""
     meta = params.get("_meta")
@@ -706,22 +534,6 @@ def _ask_key(msg: JsonObject) -> str:
     """What identifies a bridge request when it is shown again under another id."""
     body = json.dumps([msg["method"], msg.get("params")], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(body.encode("utf-8")).hexdigest()
-
-
-def _error_text(msg: JsonObject) -> str:
-    err = msg.get("error")
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return "no answer"
-
-
-def log_line(level: str, message: str, *, session: str | None = None) -> bytes:
-    """A ``_acp_bridge/log`` notification from the shim itself."""
-    params: JsonObject = {"level": level, "logger": "acp_bridge.attach"}
-    if session is not None:
-        params["sessionId"] = session
-    params["data"] = {"message": message}
-    return dumps(rpc.notification("_acp_bridge/log", params))
 
 
 @attrs.frozen

@@ -33,6 +33,7 @@ PURE: tuple[str, ...] = (
     "_log",
     "_reaper",
     "_attach_core",
+    "_attach_sessions",
     "_token",
     "_status",
     "_backoff",

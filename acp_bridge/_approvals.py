@@ -17,7 +17,7 @@ import collections
 import functools
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import structlog
@@ -32,11 +32,12 @@ from acp_bridge._store import AuditRecord
 
 if TYPE_CHECKING:
     from acp_bridge._audit import AuditLog
-    from acp_bridge._bridge import Bridge
+    from acp_bridge._journal import Journal
     from acp_bridge._jsonrpc import JsonObject, JsonRpcId
     from acp_bridge._links import AgentLink, ClientLink
     from acp_bridge._policy import Option, Policy
-    from acp_bridge._routing import Session
+    from acp_bridge._routing import Session, SessionTable
+    from acp_bridge._timers import Deadlines
 
 logger = structlog.get_logger("acp_bridge.approvals")
 
@@ -108,13 +109,43 @@ def _hash_files(paths: list[str]) -> dict[str, str | None]:
     return digests
 
 
-class Approvals:
-    """The approval policy at work for one bridge."""
+class SendLog(Protocol):
+    """A ``_acp_bridge/log`` notification to one client (``Bridge.send_log``)."""
 
-    def __init__(self, bridge: Bridge, policy: Policy, audit: AuditLog) -> None:
-        self._bridge = bridge
+    async def __call__(
+        self,
+        client: ClientLink,
+        level: str,
+        message: str,
+        *,
+        session: Session | None = None,
+        **data: Any,
+    ) -> None: ...
+
+
+class Approvals:
+    """
+    The approval policy at work for one bridge, given what it uses of the bridge: the
+    session table, the timers, the journal (pending approvals; None: memory only) and a way
+    to tell a client why its session's request was denied.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        audit: AuditLog,
+        *,
+        sessions: SessionTable,
+        deadlines: Deadlines,
+        journal: Journal | None,
+        send_log: SendLog,
+    ) -> None:
         self.policy = policy
         self.audit = audit
+        self._sessions = sessions
+        self._deadlines = deadlines
+        self._journal = journal
+        self._send_log = send_log
         #: per client: ids of permission requests already settled (late answers are refused)
         self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
         #: decisions by "<decision>:<source>" (for metrics)
@@ -128,7 +159,7 @@ class Approvals:
         """An agent asks: decide by rule, deny when unattended, or ask the attached human."""
         agent_id = msg["id"]
         req = PermissionRequest.from_params(params)
-        hit = self._deny_paths_hit(req, session)
+        hit = _deny_paths_hit(req, session, self.policy.deny_paths)
         if hit is not None:
             # Before the rules: no rule, and no human, grants a tool call on a denied file
             # (the agent may open it itself, past the bridge's file containment).
@@ -185,7 +216,7 @@ class Approvals:
                 detail=reason,
             )
             if client is not None:
-                await self._bridge.send_log(
+                await self._send_log(
                     client,
                     "warning",
                     f"permission request denied: {reason}",
@@ -194,23 +225,21 @@ class Approvals:
                 )
             return
         life = agent.starts
-        digests = await self._digests(session, req) if req.kind == "edit" and req.paths else None
+        digests = await _digests(session, req) if req.kind == "edit" and req.paths else None
         entry = Forwarded(agent, agent_id, PERMISSION, session, params, Ask(req, digests))
         # Reading the digests took a round through a thread: the process that asked may have
         # died, and the client may have gone (or another taken the session) meanwhile.
         if not agent.running or agent.starts != life:
             await self.agent_gone(entry)
             return
-        journal = self._bridge.journal
+        journal = self._journal
         if journal is not None:
             ask = entry.extra
             ask.key = f"{session.bridge_id}:{agent.name}:{agent_id}:{id(entry)}"
             journal.pending_added(ask.key, session.bridge_id, agent.name, json.dumps(params))
         deadline = trio.current_time() + self.policy.ask_timeout
-        self._bridge.deadlines.schedule(
-            ("ask", entry), deadline, functools.partial(self.timed_out, entry)
-        )
-        if self._bridge.sessions.get(session.bridge_id) is not session:
+        self._deadlines.schedule(("ask", entry), deadline, functools.partial(self.timed_out, entry))
+        if self._sessions.get(session.bridge_id) is not session:
             await self.unattended(entry, "session_closed")  # closed or deleted meanwhile
             return
         owner = session.client
@@ -239,15 +268,6 @@ class Approvals:
             detail=detail,
         )
 
-    def _deny_paths_hit(self, req: PermissionRequest, session: Session) -> str | None:
-        """What of ``req``'s locations hits ``[policy] deny_paths``, said for the audit."""
-        cwd = session.roots[0] if session.roots else None
-        for path in req.paths:
-            pattern = denied(path, self.policy.deny_paths, cwd)
-            if pattern is not None:
-                return f"{path!r} matches the deny_paths pattern {pattern!r}"
-        return None
-
     async def show(self, entry: Forwarded, client: ClientLink, *, note: str | None = None) -> None:
         """Put a request to a client (first time, after a reattach, or asked again)."""
         ask: Ask = entry.extra
@@ -265,17 +285,6 @@ class Approvals:
             meta["acp_bridge"] = {**(meta.get("acp_bridge") or {}), "note": note}
             params["_meta"] = meta
         await client.send(dumps(request(client_id, PERMISSION, params)))
-
-    async def _digests(self, session: Session, req: PermissionRequest) -> dict[str, str | None]:
-        paths = []
-        for path in req.paths:
-            try:
-                paths.append(contain(path, session.roots, ()))
-            except PathRefused:
-                continue  # not ours to read; the edit itself will be refused if attempted
-        if not paths:
-            return {}
-        return await trio.to_thread.run_sync(_hash_files, paths)
 
     # ------------------------------------------------------------------ ways it ends
 
@@ -387,10 +396,9 @@ class Approvals:
         if ask.settled:
             return False
         ask.settled = True
-        bridge = self._bridge
-        bridge.deadlines.cancel(("ask", entry))
-        if ask.key is not None and bridge.journal is not None:
-            bridge.journal.pending_removed(ask.key)
+        self._deadlines.cancel(("ask", entry))
+        if ask.key is not None and self._journal is not None:
+            self._journal.pending_removed(ask.key)
         session = entry.session
         assert session is not None
         agent: AgentLink = entry.origin
@@ -511,19 +519,30 @@ class Approvals:
             )
         )
 
-    async def file_refused(
-        self, session: Session, agent: AgentLink, method: str, path: object, exc: PathRefused
-    ) -> None:
-        await self.audit.record(
-            AuditRecord(
-                session=session.bridge_id,
-                agent=agent.name,
-                decision="refused",
-                source="containment",
-                title=method,
-                detail=f"{exc.reason}: {path!r}",
-            )
-        )
+
+def _deny_paths_hit(
+    req: PermissionRequest, session: Session, deny_paths: tuple[str, ...]
+) -> str | None:
+    """What of ``req``'s locations hits ``[policy] deny_paths``, said for the audit."""
+    cwd = session.roots[0] if session.roots else None
+    for path in req.paths:
+        pattern = denied(path, deny_paths, cwd)
+        if pattern is not None:
+            return f"{path!r} matches the deny_paths pattern {pattern!r}"
+    return None
+
+
+async def _digests(session: Session, req: PermissionRequest) -> dict[str, str | None]:
+    """The digests of the files an edit names, inside the session's roots (off the loop)."""
+    paths = []
+    for path in req.paths:
+        try:
+            paths.append(contain(path, session.roots, ()))
+        except PathRefused:
+            continue  # not ours to read; the edit itself will be refused if attempted
+    if not paths:
+        return {}
+    return await trio.to_thread.run_sync(_hash_files, paths)
 
 
 def _record_for(

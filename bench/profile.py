@@ -60,8 +60,9 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("history and journal notes", r"\(.*acp_bridge/(_routing|_journal)\.py"),
         (
             "relay: routing, client queue",
-            r"^(Bridge|ClientLink)\.(_relay_update|_record_update|put_update|_put|_take|pump|"
-            r"_agent_reader|_reader_turn|has_room) .*acp_bridge/_bridge",
+            r"^(FromAgent\.(relay_update|record_update|reader|_reader_turn) "
+            r".*acp_bridge/_from_agent"
+            r"|ClientLink\.(put_update|_put|_take|pump|has_room) .*acp_bridge/_links)",
         ),
         ("other bridge code", r"\(.*acp_bridge/"),
         ("trio scheduler", r"\(.*trio/"),

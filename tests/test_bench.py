@@ -119,14 +119,14 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
 # it needs ptrace, which a CI machine may not allow) ----------------------------------------
 
 LOOP = "thread (7): MainThread;<module> (acp_bridge/__main__.py:3);run (trio/_core/_run.py:2010)"
-READER = f"{LOOP};Bridge._agent_reader (acp_bridge/_bridge.py:2276)"
-RELAY = f"{READER};Bridge._relay_update (acp_bridge/_bridge.py:2321)"
+READER = f"{LOOP};FromAgent.reader (acp_bridge/_from_agent.py:131)"
+RELAY = f"{READER};FromAgent.relay_update (acp_bridge/_from_agent.py:176)"
 COLLAPSED = "\n".join(
     [
         f"{RELAY};loads (acp_bridge/_jsonrpc.py:151) 40",
-        f"{READER};Bridge._relay_update (acp_bridge/_bridge.py:2340) 15",
-        "thread (7): MainThread;ClientLink._put (acp_bridge/_bridge.py:360) 10",
-        f"{RELAY};Bridge._record_update (acp_bridge/_bridge.py:2425);History.append "
+        f"{READER};FromAgent.relay_update (acp_bridge/_from_agent.py:195) 15",
+        "thread (7): MainThread;ClientLink._put (acp_bridge/_links.py:360) 10",
+        f"{RELAY};FromAgent.record_update (acp_bridge/_from_agent.py:260);History.append "
         "(acp_bridge/_routing.py:98) 10",
         f"{READER};receive_some (acp_bridge/_pipes.py:91);read_now (acp_bridge/_pipes.py:81) 15",
         f"{READER};feed (acp_bridge/_framing.py:82) 5",

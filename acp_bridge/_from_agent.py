@@ -1,0 +1,523 @@
+"""
+From the agents: each agent's stdout read, split into lines and routed to the clients.
+
+The reader is the hot path: a ``session/update`` of a known session whose client has room is
+relayed by :meth:`FromAgent.relay_update`, a plain function (no coroutine, no await, no
+allocation beyond the message itself; see docs/performance.md). Every other line goes
+through :meth:`FromAgent.line`: updates that must wait for room or be held, notifications,
+answers to requests the bridge forwarded (and the session bookkeeping they end:
+:meth:`FromAgent.undo_forward`), and the agent's own requests (handed to ``agent_request``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import structlog
+import trio
+
+from acp_bridge._framing import LineDecoder, Oversize
+from acp_bridge._jsonrpc import (
+    INTERNAL_ERROR,
+    JsonObject,
+    JsonRpcError,
+    JsonRpcId,
+    Kind,
+    classify,
+    dumps,
+    loads,
+    params_of,
+    rewrite_session_id,
+)
+from acp_bridge._jsonrpc import error as error_msg
+from acp_bridge._links import AgentLink, ClientLink, Waiter
+from acp_bridge._routing import (
+    HELD_RESPONSES_MAX,
+    SETUP_UPDATES,
+    Forwarded,
+    Session,
+    SessionState,
+    SessionTable,
+    Setup,
+    capture_setup,
+    track_setup,
+)
+from acp_bridge._wire import id_of, is_id, set_seq, well_formed_error
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from acp_bridge._hub import Hub
+
+logger = structlog.get_logger("acp_bridge.bridge")  # (the hub's: one logger for routing)
+
+#: updates held for a session id the bridge does not know yet (agent sent them before its
+#: session/new response); beyond this they are dropped
+EARLY_UPDATES_MAX: Final = 64
+#: Agents' readers share a budget of lines per scheduler round: each reader with lines to
+#: handle lets the other tasks run after its share (``READ_ROUND_LINES`` over the readers
+#: busy at that moment, at least ``READER_TURN_MIN``). So one flooding agent relays in long
+#: turns (few writes, little scheduling), and fifty of them in short ones: either way, a
+#: round of the scheduler, which every hop of another session's round trip waits for, holds
+#: about the same work.
+READ_ROUND_LINES: Final = 128
+READER_TURN_MIN: Final = 4
+#: (an enum member's lookup through its class costs ~70 ns on CPython 3.11: once per update)
+_LOADING: Final = SessionState.LOADING
+
+
+class AgentLog(Protocol):
+    """A diagnostic about an agent, to its sessions' clients (``Bridge.agent_log``)."""
+
+    async def __call__(
+        self, agent: AgentLink, level: str, message: str, *, stream: str | None
+    ) -> None: ...
+
+
+class Forget(Protocol):
+    """A closed session marked closed in the store; deleted: gone (``Bridge._forget``)."""
+
+    def __call__(self, session: Session, *, delete: bool = False) -> None: ...
+
+
+class FromAgent:
+    """
+    What the agents send: relayed, answered or handed on.
+
+    Args:
+        hub: the shared state.
+        read_chunk: bytes asked of an agent's stdout per read.
+        agent_log: a diagnostic about an agent to its clients.
+        agent_request: an agent's own request of a client (routed, gated, contained).
+        agent_withdrew: the agent withdrew (``$/cancel_request``) one of its requests.
+        schedule_detach: a session nobody owns lives ``detach_grace`` seconds more.
+        take_held: answers held for a session while nobody was attached.
+        forget: a closed (or deleted) session, in the store.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        read_chunk: int,
+        agent_log: AgentLog,
+        agent_request: Callable[[AgentLink, JsonObject], Awaitable[None]],
+        agent_withdrew: Callable[[AgentLink, JsonRpcId], Awaitable[None]],
+        schedule_detach: Callable[[Session], None],
+        take_held: Callable[[Session, float], list[bytes]],
+        forget: Forget,
+    ) -> None:
+        self._hub = hub
+        # The hot path's objects, copied here: one attribute lookup each per update. (The
+        # hub's tracer and journal are given at construction and never replaced.)
+        self._sessions = hub.sessions
+        self._counters = hub.counters
+        self._tracer = hub.tracer
+        self._journal = hub.journal
+        self._config = hub.config
+        self._log = hub.log
+        self._read_chunk = read_chunk
+        self._agent_log = agent_log
+        self._agent_request = agent_request
+        self._agent_withdrew = agent_withdrew
+        self._schedule_detach = schedule_detach
+        self._take_held = take_held
+        self._forget = forget
+        #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
+        self._busy_readers = 0
+
+    async def reader(
+        self, agent: AgentLink, stream: trio.abc.ReceiveStream, eof: trio.Event
+    ) -> None:
+        """Read one life of an agent's stdout until EOF (then ``eof`` is set)."""
+        decoder = LineDecoder(max_line_bytes=self._config.bridge.max_line_bytes)
+        handle = self.line
+        relay = self.relay_update
+        chunk = self._read_chunk
+        try:
+            while data := await stream.receive_some(chunk):
+                lines = decoder.feed(data)
+                yielded = False  # (just now, after the last line)
+                if lines:
+                    self._busy_readers += 1
+                    try:
+                        turn = self._reader_turn()
+                        for line in lines:
+                            # Most lines are session updates, relayed without a coroutine.
+                            if not relay(agent, line):
+                                await handle(agent, line)
+                            turn -= 1
+                            yielded = not turn
+                            if yielded:
+                                # One read can hold hundreds of lines: let the others in
+                                # (no line of the chunk is dropped on cancellation).
+                                await trio.lowlevel.cancel_shielded_checkpoint()
+                                turn = self._reader_turn()
+                    finally:
+                        self._busy_readers -= 1
+                if decoder.discarding is not None and agent.failure is None:
+                    # A line past the cap: stopped now, not when (or if) the line ends.
+                    cap = self._config.bridge.max_line_bytes
+                    agent.fail(
+                        f"it is writing a line over max_line_bytes ({cap}): "
+                        f"{decoder.discarding} bytes so far"
+                    )
+                if not yielded:
+                    # (A read of a pipe with data waiting does not yield: this one does, so
+                    # an agent that never stops writing never holds the others up.)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            eof.set()
+        rest = decoder.feed_eof()
+        if rest is not None:
+            self._log.warning("agent_partial_line_at_exit", agent=agent.name)
+
+    def _reader_turn(self) -> int:
+        """Lines a busy agent reader handles before it lets the others run."""
+        return max(READER_TURN_MIN, READ_ROUND_LINES // max(1, self._busy_readers))
+
+    def relay_update(self, agent: AgentLink, line: bytes | Oversize) -> bool:
+        """
+        The hot path: relay a ``session/update`` of a known session to a client that has room
+        (or record it for a detached one) without awaiting. False leaves the line untouched
+        for :meth:`line` (anything else, or an update that must wait or be held).
+        """
+        if type(line) is not bytes or b'"session/update"' not in line:
+            return False
+        try:
+            msg = loads(line)
+        except JsonRpcError:
+            return False
+        if (
+            type(msg) is not dict
+            or msg.get("method") != "session/update"
+            or "id" in msg
+            or msg.get("jsonrpc") != "2.0"
+        ):
+            return False
+        params = msg.get("params")
+        if type(params) is not dict:
+            return False
+        sid = params.get("sessionId")
+        session = self._sessions.find(agent.name, sid) if type(sid) is str else None
+        if session is None:
+            return False
+        client = session.client
+        if client is not None and not client.closed and not client.has_room():
+            return False
+        self._counters["from_agent"] += 1
+        if self._tracer is not None:
+            self._tracer(f"agent:{agent.name}", "in", line)
+        data = self.record_update(session, msg, params, line)
+        if client is not None:
+            if client.want_seq:
+                data = dumps(msg)
+            client.put_update(data, session)
+        return True
+
+    async def line(self, agent: AgentLink, line: bytes | Oversize) -> None:
+        """Any line of an agent's that :meth:`relay_update` did not take."""
+        self._counters["from_agent"] += 1
+        if self._tracer is not None and isinstance(line, bytes):
+            self._tracer(f"agent:{agent.name}", "in", line)
+        if isinstance(line, Oversize):
+            self._log.warning("agent_line_oversize", agent=agent.name, size=line.size)
+            cap = self._config.bridge.max_line_bytes
+            agent.fail(f"it sent a line of {line.size} bytes, over max_line_bytes ({cap})")
+            return
+        try:
+            msg = loads(line)
+        except JsonRpcError:
+            # A stray line (a shell profile, a print): a diagnostic, not a dead session.
+            await self._agent_log(
+                agent, "warning", line[:65536].decode("utf-8", "replace"), stream="stdout"
+            )
+            return
+        kind = classify(msg)
+        if kind is Kind.NOTIFICATION:
+            if msg["method"] == "session/update":
+                await self._agent_update(agent, msg, line)
+            else:
+                await self._agent_notification(agent, msg)
+        elif kind is Kind.RESPONSE:
+            await self.agent_response(agent, msg)
+        elif kind is Kind.REQUEST:
+            await self._agent_request(agent, msg)
+        else:
+            self._log.warning("agent_invalid_message", agent=agent.name)
+            req_id = id_of(msg)
+            if req_id is not None:
+                agent.answer(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
+
+    async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
+        """A session/update :meth:`relay_update` left: maybe held, maybe waiting for room."""
+        params = msg.get("params")
+        sid = params.get("sessionId") if type(params) is dict else None
+        session = self._sessions.find(agent.name, sid) if type(sid) is str else None
+        if session is None:
+            held = len(agent.early_updates)
+            if agent.new_in_flight and type(sid) is str and held < EARLY_UPDATES_MAX:
+                agent.early_updates.append((sid, line))
+                return
+            self._log.warning("update_for_unknown_session", agent=agent.name, session=sid)
+            return
+        assert type(params) is dict
+        data = self.record_update(session, msg, params, line)
+        client = session.client
+        if client is None:
+            return
+        if client.want_seq:
+            data = dumps(msg)
+        await client.send(data)
+
+    def record_update(
+        self, session: Session, msg: JsonObject, params: JsonObject, line: bytes
+    ) -> bytes:
+        """
+        Rewrite the session id if needed, number and record the update (history, journal),
+        track setup changes; the bytes to relay (unchanged when no rewrite is needed). With
+        ``_meta.acp_bridge.seq`` stamped in ``msg`` for a client that opted in.
+        """
+        if session.rewrite:
+            params["sessionId"] = session.bridge_id
+            rewritten = rewrite_session_id(line, session.agent_id, session.bridge_id)
+            data = dumps(msg) if rewritten is None else rewritten + b"\n"
+        else:
+            data = line + b"\n"
+        history = session.history
+        seq = 0
+        if history is not None and session.state is not _LOADING:
+            # (An agent's own load replay repeats what the journal has: not recorded again.)
+            seq = history.append(data)
+            if self._journal is not None:
+                self._journal.updated(session.bridge_id, history)
+        update = params.get("update")
+        if type(update) is dict:
+            kind = update.get("sessionUpdate")
+            if type(kind) is str and kind in SETUP_UPDATES:
+                track_setup(session, update)
+        client = session.client
+        if client is not None and client.want_seq:
+            set_seq(params, seq)
+        return data
+
+    async def _agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
+        method: str = msg["method"]
+        params = params_of(msg)
+        if method == "$/cancel_request":
+            request_id = params.get("requestId")
+            if is_id(request_id):
+                await self._agent_withdrew(agent, request_id)
+            return
+        if method == "elicitation/complete":
+            # Only to the connection that was shown the elicitation (ACP: bound to it).
+            elicitation_id = params.get("elicitationId")
+            owner = (
+                agent.elicitations.pop(elicitation_id, None)
+                if isinstance(elicitation_id, str)
+                else None
+            )
+            if owner is not None:
+                await owner.send(dumps(msg))
+            return
+        sid = params.get("sessionId")
+        if isinstance(sid, str):
+            session = self._sessions.find(agent.name, sid)
+            if session is not None and session.client is not None:
+                if session.rewrite:
+                    params["sessionId"] = session.bridge_id
+                await session.client.send(dumps(msg))
+                return
+        self._log.debug("agent_notification_ignored", agent=agent.name, method=method)
+
+    async def agent_response(self, agent: AgentLink, msg: JsonObject) -> None:
+        """An agent's answer: to whoever waits on it, under the id it was asked with."""
+        entry = agent.pending.pop(msg["id"])
+        if entry is None:
+            self._log.warning("agent_response_unmatched", agent=agent.name, id=msg["id"])
+            return
+        if isinstance(entry, Waiter):
+            entry.set(msg)
+            return
+        client = entry.origin
+        assert isinstance(client, ClientLink)
+        client.done(entry.origin_id)
+        ok = "result" in msg
+        if ok and entry.method in ("session/new", "session/fork"):
+            refused = live_id_reused(self._sessions, agent, msg["result"])
+            if refused is not None:
+                msg = error_msg(msg["id"], refused)
+                ok = False
+        early = self.undo_forward(agent, entry, ok=ok, result=msg.get("result"))
+        msg["id"] = entry.origin_id
+        well_formed_error(msg)
+        session = entry.session
+        if (
+            client.closed
+            and session is not None
+            and (session.client is None or session.client is client)
+            and session.state is SessionState.ACTIVE
+        ):
+            # Its connection is gone (or closed and about to be detached: an overflow) and
+            # nobody else has the session: keep the answer for whoever takes it back within
+            # the grace period (in its place in the stream).
+            if len(session.held_responses) < HELD_RESPONSES_MAX:
+                session.held_responses.append(
+                    (self._hub.history(session).last_seq, entry.origin_id, dumps(msg))
+                )
+            else:
+                self._log.warning("held_response_dropped", session=session.bridge_id)
+            return
+        for line in early:
+            await client.send(line)
+        if session is None:
+            await client.send(dumps(msg))
+        else:
+            await client.send_answer(dumps(msg), session)
+
+    def _displace(self, session: Session) -> None:
+        """
+        A stored session (from before a restart) whose agent gave its id to a new session:
+        the new session takes the bridge id (its client sees the agent's id unchanged), the
+        stored one moves to an id of its own, with its journal (still listed, still loadable
+        with a journal replay).
+        """
+        old = session.bridge_id
+        new = self._sessions.displace(session)
+        why = self._hub.unrestorable.pop(old, None)
+        if why is not None:
+            self._hub.unrestorable[new] = why
+        if self._journal is not None:
+            self._journal.rename(old, new)
+            if session.history is not None:
+                self._journal.follow(new, session.history)
+        self._log.info("stored_session_moved", session=old, to=new, agent=session.agent)
+
+    def undo_forward(
+        self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
+    ) -> list[bytes]:
+        """
+        Bookkeeping when a forwarded request ends: bind, rebind or forget sessions.
+
+        Returns updates held back for a new session (to be sent before the response).
+        """
+        method = entry.method
+        session = entry.session
+        early: list[bytes] = []
+        client = entry.origin
+        if method in ("session/new", "session/fork"):
+            if method == "session/new":
+                agent.new_in_flight = max(0, agent.new_in_flight - 1)
+            if ok and isinstance(result, dict) and isinstance(result.get("sessionId"), str):
+                sid = result["sessionId"]
+                stale = self._sessions.find(agent.name, sid)
+                if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
+                    # A restarted agent minted the id a session of its earlier life had: the
+                    # new session is another one (its own history and journal).
+                    self._sessions.release_agent_id(stale)
+                holder = self._sessions.get(sid)
+                if (
+                    holder is not None
+                    and holder.state is SessionState.STORED
+                    and (holder.agent, holder.agent_id) == (agent.name, sid)
+                ):
+                    # Stored (the bridge restarted), not live: it does not keep the new session
+                    # from the agent's own id. (A stored session of another agent does: its
+                    # agent may still restore it under that id.)
+                    self._displace(holder)
+                new = self._sessions.register(agent.name, sid, client=client)
+                new.client = client
+                new.state = SessionState.ACTIVE
+                if isinstance(entry.context, Setup):
+                    new.roots = entry.context.roots
+                    new.unattended = entry.context.unattended
+                self._hub.history(new)
+                capture_setup(new, result)
+                self._hub.persist(new)
+                if new.rewrite:
+                    result["sessionId"] = new.bridge_id
+                early = take_early_updates(agent, new)
+                if client.closed:
+                    # Its connection died before the answer came: nobody knows the session
+                    # yet; it expires like any detached one unless someone takes it.
+                    self._schedule_detach(new)
+        elif method == "session/load" and session is not None:
+            if ok:
+                session.state = SessionState.ACTIVE
+                session.client = client
+                capture_setup(session, result)
+                self._hub.persist(session)
+                early = self._take_held(session, float("inf"))  # answered while away
+            elif isinstance(entry.context, tuple) and entry.context[0] is not SessionState.LOADING:
+                session.state, session.client = entry.context
+            else:
+                # A load of an id the bridge did not know: nothing to go back to.
+                self._sessions.remove(session)
+        elif method == "session/resume" and session is not None:
+            if ok:
+                session.state = SessionState.ACTIVE
+                session.client = client
+                self._hub.history(session)
+                capture_setup(session, result)
+                self._hub.persist(session)
+                early = self._take_held(session, float("inf"))  # answered while away
+            elif session.state is SessionState.LOADING:
+                self._sessions.remove(session)
+        elif method == "session/set_config_option" and session is not None and ok:
+            capture_setup(session, result)
+        elif method in ("session/close", "session/delete") and session is not None and ok:
+            self._sessions.remove(session)
+            self._forget(session, delete=method == "session/delete")
+        elif method == "session/archive" and session is not None and ok:
+            # The agent closed it (the spec: as session/close would) but keeps it: the bridge
+            # keeps its id routable (unarchive, load) like a listed session, attached to none.
+            self._forget(session)
+            session.state = SessionState.LISTED
+            session.client = None
+        return early
+
+
+def live_id_reused(sessions: SessionTable, agent: AgentLink, result: Any) -> JsonRpcError | None:
+    """
+    The error for a new session the agent answered with the id of one of its sessions
+    that is live (a client's, or being loaded): merging them would hand the first client's
+    session, its roots and its permission requests to the second. The agent's own session
+    is left alone (it is the first client's); the new one is refused.
+    """
+    sid = result.get("sessionId") if isinstance(result, dict) else None
+    if not isinstance(sid, str):
+        return None
+    live = sessions.find(agent.name, sid)
+    if live is None or live.state not in (SessionState.ACTIVE, SessionState.LOADING):
+        return None
+    logger.warning("agent_reused_live_session_id", agent=agent.name, agent_session=sid)
+    return JsonRpcError(
+        INTERNAL_ERROR,
+        f"agent {agent.name!r} answered with the id of a session that is already open "
+        f"({sid!r}): the new session is refused",
+        {"agent": agent.name, "sessionId": sid},
+    )
+
+
+def take_early_updates(agent: AgentLink, session: Session) -> list[bytes]:
+    """Updates the agent sent for a new session before its answer, as the client gets them."""
+    if not agent.early_updates:
+        return []
+    mine = [line for sid, line in agent.early_updates if sid == session.agent_id]
+    agent.early_updates = [(s, ln) for s, ln in agent.early_updates if s != session.agent_id]
+    if not agent.new_in_flight:
+        agent.early_updates.clear()
+    out = []
+    for line in mine:
+        if session.rewrite:
+            msg = loads(line)
+            msg["params"]["sessionId"] = session.bridge_id
+            out.append(dumps(msg))
+        else:
+            out.append(line + b"\n")
+    return out
+
+
+__all__ = ["EARLY_UPDATES_MAX", "READER_TURN_MIN", "READ_ROUND_LINES", "FromAgent"]

@@ -190,6 +190,8 @@ class Bridge:
             schedule_detach=self.reattach.schedule_detach,
             take_held=self.reattach.take_held,
             forget=self.reattach.forget,
+            take_ownership=self.reattach.take_ownership,
+            present_parked=self.reattach.present_parked,
         )
         #: the agents' lives: start on demand, initialize, death, stop
         self.supervisor = Supervisor(

@@ -106,6 +106,8 @@ class FromAgent:
         schedule_detach: Callable[[Session], None],
         take_held: Callable[[Session, float], list[bytes]],
         forget: Forget,
+        take_ownership: Callable[[Session, ClientLink], object],
+        present_parked: Callable[[Session, ClientLink], Awaitable[None]],
     ) -> None:
         self._hub = hub
         # The hot path's objects, copied here: one attribute lookup each per update. (The
@@ -123,6 +125,8 @@ class FromAgent:
         self._schedule_detach = schedule_detach
         self._take_held = take_held
         self._forget = forget
+        self._take_ownership = take_ownership
+        self._present_parked = present_parked
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
         self._busy_readers = 0
 
@@ -376,6 +380,16 @@ class FromAgent:
             await client.send(dumps(msg))
         else:
             await client.send_answer(dumps(msg), session)
+        if (
+            ok
+            and entry.method in ("session/load", "session/resume")
+            and session is not None
+            and session.client is client
+            and not client.closed
+        ):
+            # A load or resume the agent served: what waited on a dead connection is shown
+            # to the new owner after the answer, as after one the bridge serves (attach).
+            await self._present_parked(session, client)
 
     def _displace(self, session: Session) -> None:
         """
@@ -445,8 +459,13 @@ class FromAgent:
                     self._schedule_detach(new)
         elif method == "session/load" and session is not None:
             if ok:
-                session.state = SessionState.ACTIVE
-                session.client = client
+                if client.closed:  # (gone meanwhile: detached, its grace runs on)
+                    session.state, session.client = SessionState.ACTIVE, client
+                else:
+                    # The loader owns it as after a take-back the bridge serves: answers to
+                    # requests a dead connection left out at the agent come to it, and the
+                    # grace ends. (Nobody else can own it: the load was refused then.)
+                    self._take_ownership(session, client)
                 capture_setup(session, result)
                 self._hub.persist(session)
                 early = self._take_held(session, float("inf"))  # answered while away
@@ -457,8 +476,10 @@ class FromAgent:
                 self._sessions.remove(session)
         elif method == "session/resume" and session is not None:
             if ok:
-                session.state = SessionState.ACTIVE
-                session.client = client
+                if client.closed:  # (as for a load)
+                    session.state, session.client = SessionState.ACTIVE, client
+                else:
+                    self._take_ownership(session, client)
                 self._hub.history(session)
                 capture_setup(session, result)
                 self._hub.persist(session)

@@ -184,7 +184,7 @@ class Reattach:
 
     # ------------------------------------------------------------------ taking back
 
-    def _take_ownership(self, session: Session, client: ClientLink) -> transitions.Takeover:
+    def take_ownership(self, session: Session, client: ClientLink) -> transitions.Takeover:
         """
         Make ``client`` the session's owner (synchronous: nothing may slip in between); see
         :func:`~acp_bridge._sessions.take_ownership`. The agent requests a taken-over owner
@@ -200,7 +200,7 @@ class Reattach:
     #: answers held while nobody was attached, up to a history position (pure)
     take_held = staticmethod(transitions.take_held)
 
-    async def _present_parked(self, session: Session, client: ClientLink) -> None:
+    async def present_parked(self, session: Session, client: ClientLink) -> None:
         """Show the new owner the agent requests that were waiting on the old one."""
         for entry in transitions.take_parked(session, client.pending):
             if isinstance(entry.extra, Ask):
@@ -216,7 +216,7 @@ class Reattach:
 
     async def attach(self, session: Session, client: ClientLink) -> None:
         """``client`` owns ``session`` now: a previous owner is told, what waited is sent."""
-        takeover = self._take_ownership(session, client)
+        takeover = self.take_ownership(session, client)
         previous: ClientLink | None = takeover.previous
         if previous is not None:
             self._hub.log.info("session_taken_over", session=session.bridge_id)
@@ -231,7 +231,7 @@ class Reattach:
             )
         for data in transitions.take_held(session, float("inf")):
             await client.send(data)
-        await self._present_parked(session, client)
+        await self.present_parked(session, client)
 
     async def reattach(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session

@@ -30,6 +30,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, note, settings
@@ -633,4 +634,70 @@ async def test_a_turn_that_failed_while_the_client_was_away_is_answered_when_it_
             assert agent.starts == 2
             [answer] = [m for m in back.received if m.get("id") == "w"]
             assert answer["error"]["code"] == -32603
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_program_that_lost_a_prompt_answer_after_an_agent_served_load():
+    """Regression (found by the property): a prompt on a session its agent's death had ended,
+    waiting on a permission when the client dropped, was never answered: the agent loaded the
+    session again for the next connection, but the prompt's answer still went to the dead one."""
+    program = [Prompt(0, "count 3")] * 4 + [
+        Prompt(0, "crash"),
+        Settle(),
+        Answer("allow"),
+        NewSession(0),
+        Prompt(0, "permission"),
+        Drop(abrupt=False),
+    ]
+    await play(program, 2)
+
+
+@pytest.mark.parametrize("method", ["session/load", "session/resume"])
+async def test_a_load_the_agent_serves_takes_the_session_like_a_reattach(method, autojump_clock):
+    """
+    Regression: a ``session/load`` or ``session/resume`` of an ended session (its agent
+    restarted) that the agent itself serves made the loader the owner without what ownership
+    entails: answers to requests a dead connection left out at the agent still went to that
+    connection (lost), the requests the agent had made of it stayed parked (never shown), and
+    the detach grace kept running (the session was closed under its new owner).
+    """
+    agent = OrderedAgent("a")  # (a new process gives new session ids)
+    grace = 5.0
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_bridge({"a": agent}, restart_backoff_initial=0.0, detach_grace=grace) as (
+                client,
+                bridge,
+            ),
+            trio.open_nursery() as nursery,
+        ):
+            sid = await client.new_session()
+            crashed = await client.prompt(sid, "crash")
+            assert crashed["error"]["code"] == -32603
+            ended = bridge.sessions.get(sid)
+            assert ended is not None
+            assert ended.state is SessionState.ENDED
+            await client.new_session()  # the agent runs again (a new process)
+            ask = {"sessionId": sid, "prompt": [{"type": "text", "text": "permission"}]}
+            await client.send(
+                {"jsonrpc": "2.0", "id": "p", "method": "session/prompt", "params": ask}
+            )
+            shown = await client.agent_requests.receive()
+            assert shown["method"] == "session/request_permission"
+            await client.disconnect()
+            await trio.testing.wait_all_tasks_blocked()
+
+            back = await connect(bridge, nursery)
+            loaded = await back.request(method, {"sessionId": sid, "cwd": "/w", "mcpServers": []})
+            assert "result" in loaded, loaded
+            assert any(m.get("method") == method for m in agent.received)  # the agent served it
+            await trio.sleep(grace + 1)  # past the grace the dropped connection started
+            assert bridge.sessions.get(sid) is not None, "closed under its new owner"
+            again = await back.agent_requests.receive()  # shown to the new owner
+            assert again["method"] == "session/request_permission"
+            reply = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+            await back.send({"jsonrpc": "2.0", "id": again["id"], "result": reply})
+            answer = await back.wait_for(lambda m: m.get("id") == "p")
+            assert answer["result"] == {"stopReason": "end_turn"}, answer
+            assert any(text.startswith("a:outcome:yes#") for text in back.updates(sid))
             nursery.cancel_scope.cancel()

@@ -190,6 +190,7 @@ class Bridge:
             schedule_detach=self.reattach.schedule_detach,
             take_held=self.reattach.take_held,
             forget=self.reattach.forget,
+            close_session=self.reattach.close_session,
             take_ownership=self.reattach.take_ownership,
             present_parked=self.reattach.present_parked,
         )
@@ -217,27 +218,28 @@ class Bridge:
         #: a client's requests on its sessions, and forward: the last step to an agent
         self.session_requests = SessionRequests(
             hub,
-            ensure_ready=self.supervisor.ensure_ready,
+            when_ready=self.supervisor.when_ready,
             undo_forward=self.from_agent.undo_forward,
             load_unknown=self._load_unknown,
             stored_request=self._stored_request,
             reused_request=self._reused_request,
             reattach=self.reattach.reattach,
             attach=self.reattach.attach,
-            forget=self.reattach.forget,
+            close_session=self.reattach.close_session,
             settle_permissions=self.cancel.settle_permissions,
         )
         #: sessions from before a restart (stored), reused ids, loads of unknown sessions
         self.restore = Restore(
             hub,
             ensure_ready=self.supervisor.ensure_ready,
+            when_ready=self.supervisor.when_ready,
             internal_request=self.supervisor.internal_request,
             strip_setup=hub.strip_setup,
             reply_error=hub.reply_error,
             forward_session_request=self.session_requests.forward_session_request,
             attach=self.reattach.attach,
             replay_journal=self.reattach.replay_journal,
-            forget=self.reattach.forget,
+            close_session=self.reattach.close_session,
         )
         self.log = logger
         #: every line a client sends (the transports call handle_client_line)
@@ -246,6 +248,7 @@ class Bridge:
             session_request=self.session_requests.request,
             forward=self.session_requests.forward,
             ensure_ready=self.supervisor.ensure_ready,
+            when_ready=self.supervisor.when_ready,
             status=self.status,
             session_list=self.listing.session_list,
             cancel_session=self.cancel.cancel_session,

@@ -106,6 +106,7 @@ class FromAgent:
         schedule_detach: Callable[[Session], None],
         take_held: Callable[[Session, float], list[bytes]],
         forget: Forget,
+        close_session: Forget,
         take_ownership: Callable[[Session, ClientLink], object],
         present_parked: Callable[[Session, ClientLink], Awaitable[None]],
     ) -> None:
@@ -125,6 +126,7 @@ class FromAgent:
         self._schedule_detach = schedule_detach
         self._take_held = take_held
         self._forget = forget
+        self._close_session = close_session
         self._take_ownership = take_ownership
         self._present_parked = present_parked
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
@@ -489,8 +491,7 @@ class FromAgent:
         elif method == "session/set_config_option" and session is not None and ok:
             capture_setup(session, result)
         elif method in ("session/close", "session/delete") and session is not None and ok:
-            self._sessions.remove(session)
-            self._forget(session, delete=method == "session/delete")
+            self._close_session(session, delete=method == "session/delete")
         elif method == "session/archive" and session is not None and ok:
             # The agent closed it (the spec: as session/close would) but keeps it: the bridge
             # keeps its id routable (unarchive, load) like a listed session, attached to none.

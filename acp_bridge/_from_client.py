@@ -20,6 +20,7 @@ The rest of this module: ``initialize`` (answered by the bridge, for all agents)
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from acp_bridge import __version__
@@ -45,7 +46,7 @@ from acp_bridge._wire import PROTOCOL_VERSION, bridge_meta, id_of, is_id
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from acp_bridge._hub import Hub
+    from acp_bridge._hub import Hub, WhenReady
     from acp_bridge._links import AgentLink, ClientLink
     from acp_bridge._routing import Session
 
@@ -69,6 +70,7 @@ class FromClient:
             [ClientLink, JsonObject, AgentLink, Session | None, Any], Awaitable[None]
         ],
         ensure_ready: Callable[[AgentLink], Awaitable[None]],
+        when_ready: WhenReady,
         status: Callable[[], JsonObject],
         session_list: Callable[[ClientLink, JsonObject, JsonObject], Awaitable[None]],
         cancel_session: Callable[[ClientLink, JsonObject, JsonObject], Awaitable[None]],
@@ -82,6 +84,7 @@ class FromClient:
         self._session_request = session_request
         self._forward = forward
         self._ensure_ready = ensure_ready
+        self._when_ready = when_ready
         self._status = status
         self._session_list = session_list
         self._cancel_session = cancel_session
@@ -246,16 +249,12 @@ class FromClient:
         if agent.state is AgentState.READY:
             await self._forward_session_new(client, msg, params, agent)
         else:
-            self._hub.spawn(self._session_new_when_ready, client, msg, params, agent)
-
-    async def _session_new_when_ready(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
-    ) -> None:
-        try:
-            await self._ensure_ready(agent)
-            await self._forward_session_new(client, msg, params, agent)
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
+            self._when_ready(
+                client,
+                msg["id"],
+                agent,
+                functools.partial(self._forward_session_new, client, msg, params, agent),
+            )
 
     async def _forward_session_new(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
@@ -298,16 +297,12 @@ class FromClient:
         if agent.state is AgentState.READY:
             await self._forward_connection_request(client, msg, agent)
         else:
-            self._hub.spawn(self._connection_request_when_ready, client, msg, agent)
-
-    async def _connection_request_when_ready(
-        self, client: ClientLink, msg: JsonObject, agent: AgentLink
-    ) -> None:
-        try:
-            await self._ensure_ready(agent)
-            await self._forward_connection_request(client, msg, agent)
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
+            self._when_ready(
+                client,
+                msg["id"],
+                agent,
+                functools.partial(self._forward_connection_request, client, msg, agent),
+            )
 
     async def _forward_connection_request(
         self, client: ClientLink, msg: JsonObject, agent: AgentLink

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import structlog
@@ -27,7 +27,7 @@ from acp_bridge._store import SessionRow
 from acp_bridge._timers import Deadlines
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     import trio
 
@@ -38,6 +38,20 @@ if TYPE_CHECKING:
     from acp_bridge._redact import Redactor
 
 logger = structlog.get_logger("acp_bridge.bridge")
+
+
+class WhenReady(Protocol):
+    """``Supervisor.when_ready``: run ``then`` once ``agent`` is up, in a task of its own."""
+
+    def __call__(
+        self,
+        client: ClientLink,
+        request_id: JsonRpcId,
+        agent: AgentLink,
+        then: Callable[[], Awaitable[None]],
+        *,
+        failed: Callable[[], None] | None = None,
+    ) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -146,4 +160,4 @@ class Hub:
         client.offer(dumps(notification_msg("_acp_bridge/log", params)))
 
 
-__all__ = ["Hub"]
+__all__ = ["Hub", "WhenReady"]

@@ -145,8 +145,7 @@ class Reattach:
             await self._answer_unattended(entry, "grace")
         session.parked.clear()
         ours = self._sessions.owns_agent_id(session)  # (not if its id went to a new session)
-        self._sessions.remove(session)
-        self.forget(session)
+        self.close_session(session)
         self._hub.log.info(
             "session_closed_after_grace", session=session.bridge_id, agent=agent.name
         )
@@ -167,6 +166,11 @@ class Reattach:
             await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
         except JsonRpcError as exc:
             self._hub.log.warning("session_close_failed", agent=agent.name, error=exc.message)
+
+    def close_session(self, session: Session, *, delete: bool = False) -> None:
+        """A session ends here: out of the table, then :meth:`forget` (closed, or deleted)."""
+        self._sessions.remove(session)
+        self.forget(session, delete=delete)
 
     def forget(self, session: Session, *, delete: bool = False) -> None:
         """A closed session: marked closed in the store (its journal kept); deleted: gone."""

@@ -9,6 +9,7 @@ The decisions over the session table are pure (``_sessions``); this service does
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -24,14 +25,14 @@ from acp_bridge._store import AuditRecord
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from acp_bridge._hub import Hub
+    from acp_bridge._hub import Hub, WhenReady
     from acp_bridge._jsonrpc import JsonObject, JsonRpcId
     from acp_bridge._links import AgentLink, ClientLink
     from acp_bridge._routing import Session
 
 
 class Forget(Protocol):
-    """``Reattach.forget``: a closed session marked closed in the store (deleted: gone)."""
+    """``Reattach.close_session``: a session out of the table, closed in the store (or deleted)."""
 
     def __call__(self, session: Session, *, delete: bool = False) -> None: ...
 
@@ -43,11 +44,12 @@ class Restore:
     Args:
         hub: the shared state.
         ensure_ready: starts an agent if need be and waits until it is ready.
+        when_ready: the same in a task of its own, then a next step (errors answered).
         internal_request: sends a request of the bridge's own to an agent, returns its result.
         strip_setup: drops from a session's setup what the agent cannot take (and logs it).
         reply_error: answers a client's request with an error.
         forward_session_request: sends a session-scoped request on to its agent.
-        attach, replay_journal, forget: of :class:`~acp_bridge._reattach.Reattach`.
+        attach, replay_journal, close_session: of :class:`~acp_bridge._reattach.Reattach`.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class Restore:
         hub: Hub,
         *,
         ensure_ready: Callable[[AgentLink], Awaitable[None]],
+        when_ready: WhenReady,
         internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
         strip_setup: Callable[[AgentLink, JsonObject], None],
         reply_error: Callable[[ClientLink, JsonRpcId, JsonRpcError], Awaitable[None]],
@@ -65,19 +68,20 @@ class Restore:
         replay_journal: Callable[
             [ClientLink, JsonObject, JsonObject, Session, str], Awaitable[None]
         ],
-        forget: Forget,
+        close_session: Forget,
     ) -> None:
         self._hub = hub
         self._agents = hub.agents
         self._sessions = hub.sessions
         self._ensure_ready = ensure_ready
+        self._when_ready = when_ready
         self._internal_request = internal_request
         self._strip_setup = strip_setup
         self._reply_error = reply_error
         self._forward_session_request = forward_session_request
         self._attach = attach
         self._replay_journal = replay_journal
-        self._forget = forget
+        self._close_session = close_session
 
     async def restore_all(self) -> None:
         """
@@ -123,8 +127,7 @@ class Restore:
         if method == "session/load":
             self._hub.spawn(self._restore_session, client, msg, params, session, agent)
         elif method in ("session/close", "session/delete"):
-            self._sessions.remove(session)
-            self._forget(session, delete=method == "session/delete")
+            self._close_session(session, delete=method == "session/delete")
             await client.send(dumps(result_msg(msg["id"], {})))
         else:
             why = self._hub.unrestorable.get(session.bridge_id)
@@ -138,8 +141,7 @@ class Restore:
     async def reused_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
         """An ended session whose agent id went to a new session: it can only be closed."""
         if msg["method"] in ("session/close", "session/delete"):
-            self._sessions.remove(session)
-            self._forget(session, delete=msg["method"] == "session/delete")
+            self._close_session(session, delete=msg["method"] == "session/delete")
             await client.send(dumps(result_msg(msg["id"], {})))
             return
         raise JsonRpcError.resource_not_found(
@@ -219,18 +221,15 @@ class Restore:
                 self._sessions.remove(session)  # it never went out: nothing to keep
                 raise
         else:
-            self._hub.spawn(self._load_unknown_when_ready, client, msg, params, session)
-
-    async def _load_unknown_when_ready(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
-    ) -> None:
-        agent = self._agents[session.agent]
-        try:
-            await self._ensure_ready(agent)
-            await self._forward_session_request(client, msg, params, session, agent)
-        except JsonRpcError as exc:
-            self._sessions.remove(session)
-            await self._reply_error(client, msg["id"], exc)
+            self._when_ready(
+                client,
+                msg["id"],
+                agent,
+                functools.partial(
+                    self._forward_session_request, client, msg, params, session, agent
+                ),
+                failed=functools.partial(self._sessions.remove, session),
+            )
 
 
 __all__ = ["Forget", "Restore"]

@@ -18,6 +18,7 @@ A client's ``session/prompt`` reaches its agent in four steps:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
 from acp_bridge import _remote as remote
@@ -43,7 +44,7 @@ from acp_bridge._wire import attached_elsewhere
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from acp_bridge._hub import Hub
+    from acp_bridge._hub import Hub, WhenReady
     from acp_bridge._links import AgentLink, ClientLink
 
 
@@ -65,9 +66,9 @@ class SessionRequests:
     """
     Requests on an existing session, from a client to the session's agent.
 
-    Takes from the other groups (wired by the Bridge): ``ensure_ready`` (start the agent),
+    Takes from the other groups (wired by the Bridge): ``when_ready`` (start the agent, then go on),
     ``undo_forward`` (the pending entry's bookkeeping), ``load_unknown``, ``stored_request``,
-    ``reused_request``, ``reattach``, ``attach``, ``forget`` (sessions coming and going),
+    ``reused_request``, ``reattach``, ``attach``, ``close_session`` (sessions coming and going),
     ``settle_permissions`` (a closed session's open approvals) and
     ``strip_unsupported_setup`` (what the agent did not advertise).
     """
@@ -76,7 +77,7 @@ class SessionRequests:
         self,
         hub: Hub,
         *,
-        ensure_ready: Callable[[AgentLink], Awaitable[None]],
+        when_ready: WhenReady,
         undo_forward: UndoForward,
         load_unknown: Callable[[ClientLink, JsonObject, JsonObject, str], Awaitable[None]],
         stored_request: Callable[
@@ -85,21 +86,21 @@ class SessionRequests:
         reused_request: Callable[[ClientLink, JsonObject, Session], Awaitable[None]],
         reattach: Callable[[ClientLink, JsonObject, JsonObject, Session], Awaitable[None]],
         attach: Callable[[Session, ClientLink], Awaitable[None]],
-        forget: Forget,
+        close_session: Forget,
         settle_permissions: Callable[[Session, str, str], Awaitable[None]],
     ) -> None:
         self._hub = hub
         self._reply_error = hub.reply_error
         self._agents = hub.agents
         self._sessions = hub.sessions
-        self._ensure_ready = ensure_ready
+        self._when_ready = when_ready
         self._undo_forward = undo_forward
         self._load_unknown = load_unknown
         self._stored_request = stored_request
         self._reused_request = reused_request
         self._reattach = reattach
         self._attach = attach
-        self._forget = forget
+        self._close_session = close_session
         self._settle_permissions = settle_permissions
 
     async def request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
@@ -158,7 +159,10 @@ class SessionRequests:
             await self._attach(session, client)
         if agent.state is not AgentState.READY:
             if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
-                self._hub.spawn(self._request_when_ready, client, msg, params, session)
+                then = functools.partial(
+                    self.forward_session_request, client, msg, params, session, agent
+                )
+                self._when_ready(client, msg["id"], agent, then)
                 return
             raise JsonRpcError(
                 INTERNAL_ERROR,
@@ -166,17 +170,6 @@ class SessionRequests:
                 agent.failure_data(),
             )
         await self.forward_session_request(client, msg, params, session, agent)
-
-    async def _request_when_ready(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
-    ) -> None:
-        """:meth:`request`'s second half once the agent is up (a task: answers its errors)."""
-        agent = self._agents[session.agent]
-        try:
-            await self._ensure_ready(agent)
-            await self.forward_session_request(client, msg, params, session, agent)
-        except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
 
     async def forward_session_request(
         self,
@@ -264,8 +257,7 @@ class SessionRequests:
             dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
         )
         await self._settle_permissions(session, "cancelled", "close")
-        self._sessions.remove(session)
-        self._forget(session, delete=msg["method"] == "session/delete")
+        self._close_session(session, delete=msg["method"] == "session/delete")
         await client.send(dumps(result_msg(msg["id"], {})))
 
     def _remember_prompt(self, session: Session, params: JsonObject) -> None:

@@ -23,7 +23,7 @@ from acp_bridge import _remote as remote
 from acp_bridge._agent import AgentStartError, AgentTransport, StderrRing
 from acp_bridge._backoff import CrashLoop
 from acp_bridge._diagnostics import guess_level
-from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, dumps
+from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
 from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._jsonrpc import request as request_msg
@@ -116,6 +116,38 @@ class Supervisor:
             agent.settled = trio.Event()
             agent.start_error = None
             self._hub.spawn(self._agent_life, agent, delay)
+
+    def when_ready(
+        self,
+        client: ClientLink,
+        request_id: JsonRpcId,
+        agent: AgentLink,
+        then: Callable[[], Awaitable[None]],
+        *,
+        failed: Callable[[], None] | None = None,
+    ) -> None:
+        """
+        Run ``then`` in a task of its own once ``agent`` is up (a request must not hold its
+        client's other lines while an agent starts). A start failure, or ``then``'s error, is
+        answered to ``client`` under ``request_id``, after ``failed`` undid what was begun.
+        """
+        self._hub.spawn(self._when_ready, client, request_id, agent, then, failed)
+
+    async def _when_ready(
+        self,
+        client: ClientLink,
+        request_id: JsonRpcId,
+        agent: AgentLink,
+        then: Callable[[], Awaitable[None]],
+        failed: Callable[[], None] | None,
+    ) -> None:
+        try:
+            await self.ensure_ready(agent)
+            await then()
+        except JsonRpcError as exc:
+            if failed is not None:
+                failed()
+            await self._hub.reply_error(client, request_id, exc)
 
     @staticmethod
     def is_ready(agent: AgentLink) -> bool:

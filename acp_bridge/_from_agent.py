@@ -393,24 +393,6 @@ class FromAgent:
             # to the new owner after the answer, as after one the bridge serves (attach).
             await self._present_parked(session, client)
 
-    def _displace(self, session: Session) -> None:
-        """
-        A stored session (from before a restart) whose agent gave its id to a new session:
-        the new session takes the bridge id (its client sees the agent's id unchanged), the
-        stored one moves to an id of its own, with its journal (still listed, still loadable
-        with a journal replay).
-        """
-        old = session.bridge_id
-        new = self._sessions.displace(session)
-        why = self._hub.unrestorable.pop(old, None)
-        if why is not None:
-            self._hub.unrestorable[new] = why
-        if self._journal is not None:
-            self._journal.rename(old, new)
-            if session.history is not None:
-                self._journal.follow(new, session.history)
-        self._log.info("stored_session_moved", session=old, to=new, agent=session.agent)
-
     def undo_forward(
         self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
     ) -> list[bytes]:
@@ -427,33 +409,7 @@ class FromAgent:
             if method == "session/new":
                 agent.new_in_flight = max(0, agent.new_in_flight - 1)
             if ok and isinstance(result, dict) and isinstance(result.get("sessionId"), str):
-                sid = result["sessionId"]
-                stale = self._sessions.find(agent.name, sid)
-                if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
-                    # A restarted agent minted the id a session of its earlier life had: the
-                    # new session is another one (its own history and journal).
-                    self._sessions.release_agent_id(stale)
-                holder = self._sessions.get(sid)
-                if (
-                    holder is not None
-                    and holder.state is SessionState.STORED
-                    and (holder.agent, holder.agent_id) == (agent.name, sid)
-                ):
-                    # Stored (the bridge restarted), not live: it does not keep the new session
-                    # from the agent's own id. (A stored session of another agent does: its
-                    # agent may still restore it under that id.)
-                    self._displace(holder)
-                new = self._sessions.register(agent.name, sid, client=client)
-                new.client = client
-                new.state = SessionState.ACTIVE
-                if isinstance(entry.context, Setup):
-                    new.roots = entry.context.roots
-                    new.unattended = entry.context.unattended
-                self._hub.history(new)
-                capture_setup(new, result)
-                self._hub.persist(new)
-                if new.rewrite:
-                    result["sessionId"] = new.bridge_id
+                new = bind_new_session(self._hub, agent, entry, result)
                 early = take_early_updates(agent, new)
                 if client.closed:
                     # Its connection died before the answer came: nobody knows the session
@@ -540,6 +496,63 @@ def take_early_updates(agent: AgentLink, session: Session) -> list[bytes]:
         else:
             out.append(line + b"\n")
     return out
+
+
+def bind_new_session(hub: Hub, agent: AgentLink, entry: Forwarded, result: JsonObject) -> Session:
+    """
+    A ``session/new`` (or ``fork``) answered with a session id: the new session, bound to the
+    client that asked (the agent's id kept unless another live session has it, then rewritten
+    in ``result``), with the setup it asked for.
+    """
+    client = entry.origin
+    assert isinstance(client, ClientLink)
+    sid = result["sessionId"]
+    stale = hub.sessions.find(agent.name, sid)
+    if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
+        # A restarted agent minted the id a session of its earlier life had: the
+        # new session is another one (its own history and journal).
+        hub.sessions.release_agent_id(stale)
+    holder = hub.sessions.get(sid)
+    if (
+        holder is not None
+        and holder.state is SessionState.STORED
+        and (holder.agent, holder.agent_id) == (agent.name, sid)
+    ):
+        # Stored (the bridge restarted), not live: it does not keep the new session
+        # from the agent's own id. (A stored session of another agent does: its
+        # agent may still restore it under that id.)
+        displace(hub, holder)
+    new = hub.sessions.register(agent.name, sid, client=client)
+    new.client = client
+    new.state = SessionState.ACTIVE
+    if isinstance(entry.context, Setup):
+        new.roots = entry.context.roots
+        new.unattended = entry.context.unattended
+    hub.history(new)
+    capture_setup(new, result)
+    hub.persist(new)
+    if new.rewrite:
+        result["sessionId"] = new.bridge_id
+    return new
+
+
+def displace(hub: Hub, session: Session) -> None:
+    """
+    A stored session (from before a restart) whose agent gave its id to a new session:
+    the new session takes the bridge id (its client sees the agent's id unchanged), the
+    stored one moves to an id of its own, with its journal (still listed, still loadable
+    with a journal replay).
+    """
+    old = session.bridge_id
+    new = hub.sessions.displace(session)
+    why = hub.unrestorable.pop(old, None)
+    if why is not None:
+        hub.unrestorable[new] = why
+    if hub.journal is not None:
+        hub.journal.rename(old, new)
+        if session.history is not None:
+            hub.journal.follow(new, session.history)
+    hub.log.info("stored_session_moved", session=old, to=new, agent=session.agent)
 
 
 __all__ = ["EARLY_UPDATES_MAX", "READER_TURN_MIN", "READ_ROUND_LINES", "FromAgent"]

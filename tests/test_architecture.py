@@ -218,6 +218,27 @@ def test_no_module_grows_past_the_limit():
     assert OVERSIZE - over == set(), "it fits now: remove it from OVERSIZE"
 
 
+#: The largest class allowed (lines from ``class`` to its last line).
+MAX_CLASS_LINES = 400
+
+
+def _classes() -> list[tuple[int, str]]:
+    out = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                out.append((node.end_lineno - node.lineno + 1, f"{name}.{node.name}"))
+    return out
+
+
+def test_no_class_grows_past_the_limit():
+    """No class over MAX_CLASS_LINES lines: a class that big does more than one job."""
+    over = sorted(c for c in _classes() if c[0] > MAX_CLASS_LINES)
+    assert over == [], f"split it: {over}"
+    assert max(_classes())[0] > MAX_CLASS_LINES // 2  # (the scan sees the package's classes)
+
+
 def test_the_graph_sees_every_kind_of_import(tmp_path):
     """Type-only, function-local, relative and `from package import module` imports count."""
     source = (

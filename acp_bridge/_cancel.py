@@ -100,9 +100,7 @@ class Cancel:
         if not late:
             return
         grace = self._hub.config.bridge.cancel_grace
-        self._hub.log.warning(
-            "cancel_grace_expired", agent=agent.name, session=session.bridge_id, prompts=len(late)
-        )
+        session.log.warning("cancel_grace_expired", prompts=len(late))
         for bridge_id in late:
             result = {
                 "stopReason": "cancelled",

@@ -178,7 +178,7 @@ class FromAgent:
             eof.set()
         rest = decoder.feed_eof()
         if rest is not None:
-            self._log.warning("agent_partial_line_at_exit", agent=agent.name)
+            agent.log.warning("agent_partial_line_at_exit")
 
     def _reader_turn(self) -> int:
         """Lines a busy agent reader handles before it lets the others run."""
@@ -229,7 +229,7 @@ class FromAgent:
         if self._tracer is not None and isinstance(line, bytes):
             self._tracer(f"agent:{agent.name}", "in", line)
         if isinstance(line, Oversize):
-            self._log.warning("agent_line_oversize", agent=agent.name, size=line.size)
+            agent.log.warning("agent_line_oversize", size=line.size)
             cap = self._config.bridge.max_line_bytes
             agent.fail(f"it sent a line of {line.size} bytes, over max_line_bytes ({cap})")
             return
@@ -252,7 +252,7 @@ class FromAgent:
         elif kind is Kind.REQUEST:
             await self._agent_request(agent, msg)
         else:
-            self._log.warning("agent_invalid_message", agent=agent.name)
+            agent.log.warning("agent_invalid_message")
             req_id = id_of(msg)
             if req_id is not None:
                 agent.answer(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
@@ -267,7 +267,7 @@ class FromAgent:
             if agent.new_in_flight and type(sid) is str and held < EARLY_UPDATES_MAX:
                 agent.early_updates.append((sid, line))
                 return
-            self._log.warning("update_for_unknown_session", agent=agent.name, session=sid)
+            agent.log.warning("update_for_unknown_session", session=sid)
             return
         assert type(params) is dict
         data = self.record_update(session, msg, params, line)
@@ -336,13 +336,13 @@ class FromAgent:
                     params["sessionId"] = session.bridge_id
                 await session.client.send(dumps(msg))
                 return
-        self._log.debug("agent_notification_ignored", agent=agent.name, method=method)
+        agent.log.debug("agent_notification_ignored", method=method)
 
     async def agent_response(self, agent: AgentLink, msg: JsonObject) -> None:
         """An agent's answer: to whoever waits on it, under the id it was asked with."""
         entry = agent.pending.pop(msg["id"])
         if entry is None:
-            self._log.warning("agent_response_unmatched", agent=agent.name, id=msg["id"])
+            agent.log.warning("agent_response_unmatched", id=msg["id"])
             return
         if isinstance(entry, Waiter):
             entry.set(msg)
@@ -470,7 +470,7 @@ def live_id_reused(sessions: SessionTable, agent: AgentLink, result: Any) -> Jso
     live = sessions.find(agent.name, sid)
     if live is None or live.state not in (SessionState.ACTIVE, SessionState.LOADING):
         return None
-    logger.warning("agent_reused_live_session_id", agent=agent.name, agent_session=sid)
+    agent.log.warning("agent_reused_live_session_id", agent_session=sid)
     return JsonRpcError(
         INTERNAL_ERROR,
         f"agent {agent.name!r} answered with the id of a session that is already open "

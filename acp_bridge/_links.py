@@ -453,6 +453,11 @@ class AgentLink:
     restarts: Restarts = attrs.field(kw_only=True)
     #: the bridge's secrets, hidden in what it reports of the agent's stderr
     redactor: Redactor = attrs.field(kw_only=True)
+    #: its logger, bound once to its name (every event about it carries ``agent``)
+    log: Any = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.log = logger.bind(agent=self.config.name)
 
     @property
     def name(self) -> str:

@@ -70,7 +70,7 @@ class LogChannel:
             return
         text = self._redactor.redact(message)
         if stream is not None:
-            self._hub.log.info("agent_" + stream, agent=agent.name, level=level, line=text)
+            agent.log.info("agent_" + stream, level=level, line=text)
         sessions = self._sessions.of_agent(agent.name)
         data: dict[str, Any] = {"agent": agent.name}
         if stream is not None:

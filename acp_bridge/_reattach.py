@@ -132,7 +132,7 @@ class Reattach:
         grace = self._hub.config.bridge.detach_grace
         transitions.let_go(session, trio.current_time() + max(grace, 0.0))
         assert session.detach_deadline is not None
-        self._hub.log.info("session_detached", session=session.bridge_id, grace=grace)
+        session.log.info("session_detached", grace=grace)
         self._deadlines.schedule(
             ("detach", session), session.detach_deadline, functools.partial(self._expire, session)
         )
@@ -146,9 +146,7 @@ class Reattach:
         session.parked.clear()
         ours = self._sessions.owns_agent_id(session)  # (not if its id went to a new session)
         self.close_session(session)
-        self._hub.log.info(
-            "session_closed_after_grace", session=session.bridge_id, agent=agent.name
-        )
+        session.log.info("session_closed_after_grace")
         await self._agent_log(
             agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
         )
@@ -223,7 +221,7 @@ class Reattach:
         takeover = self.take_ownership(session, client)
         previous: ClientLink | None = takeover.previous
         if previous is not None:
-            self._hub.log.info("session_taken_over", session=session.bridge_id)
+            session.log.info("session_taken_over")
             gone = JsonRpcError.cancelled("session taken over by another connection")
             for origin_id in takeover.moved:
                 await previous.send(dumps(error_msg(origin_id, gone)))

@@ -21,11 +21,15 @@ import time
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import attrs
+import structlog
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from acp_bridge._jsonrpc import JsonObject, JsonRpcId
+
+
+_logger = structlog.get_logger("acp_bridge.bridge")
 
 
 class SessionState(enum.Enum):
@@ -167,6 +171,14 @@ class Session:
     unattended: bool = False
     #: when it was created (wall clock, for the store)
     created: float = attrs.field(factory=time.time)
+    _log: Any = attrs.field(default=None, init=False, repr=False)
+
+    @property
+    def log(self) -> Any:
+        """Its logger, bound on first use to its ids (every event about it carries them)."""
+        if self._log is None:
+            self._log = _logger.bind(session=self.bridge_id, agent=self.agent)
+        return self._log
 
 
 class SessionTable:

@@ -176,7 +176,7 @@ class Supervisor:
         agent.failure = None
         agent.exited = trio.Event()
         agent.stderr = StderrRing()
-        log = self._hub.log.bind(agent=agent.name)
+        log = agent.log
         eof = trio.Event()
         async with trio.open_nursery() as nursery:
             agent.stop_scope = nursery.cancel_scope
@@ -295,7 +295,7 @@ class Supervisor:
         agent.start_error = exc
         agent.restarts.died(trio.current_time())
         agent.settled.set()
-        self._hub.log.error("agent_start_failed", agent=agent.name, error=exc.message)
+        agent.log.error("agent_start_failed", error=exc.message)
 
     async def agent_gone(self, agent: AgentLink, *, reason: str) -> None:
         """Every request waiting on the agent is answered; its sessions end."""
@@ -355,7 +355,7 @@ class Supervisor:
             await pump_channel(receive, stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The agent closed its stdin (or died); its reader sees EOF and reports it.
-            self._hub.log.debug("agent_stdin_closed", agent=agent.name)
+            agent.log.debug("agent_stdin_closed")
 
     async def _agent_stderr(self, agent: AgentLink, stream: trio.abc.ReceiveStream) -> None:
         """

@@ -9,6 +9,12 @@ declared unattended) means deny. Whatever settles a request (the client, a rule,
 :meth:`Approvals.settle` is the only way out: it answers the agent once, tells a client that
 was shown the request and did not answer it (``_acp_bridge/permission_resolved``), and writes
 one audit record. A late or second answer is refused and audited. **A timeout never grants.**
+
+Every request put to a human is also listed for the approval console (:meth:`Approvals.waiting`,
+:meth:`Approvals.watch`) and may be answered from there (:meth:`Approvals.console_answer`),
+through the same settlement: the first answer wins. With ``[policy] unattended = "console"``, a
+request no attached client can answer waits for the console (up to ``ask_timeout``) instead of
+being denied at once.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 import json
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -31,6 +39,8 @@ from acp_bridge._routing import Forwarded
 from acp_bridge._store import AuditRecord
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from acp_bridge._audit import AuditLog
     from acp_bridge._bridge import Bridge
     from acp_bridge._jsonrpc import JsonObject, JsonRpcId
@@ -63,6 +73,33 @@ class Ask:
     settled: bool = False
     #: its key in the store's pending approvals (None: not recorded)
     key: str | None = None
+    #: its id on the approval console
+    console_id: str = ""
+    #: when it is denied (trio clock), and when it came (wall clock)
+    deadline: float = 0.0
+    asked_at: float = attrs.field(factory=time.time)
+    #: nobody attached may answer it (an unattended session): only the console, never shown
+    console_only: bool = False
+    #: why it is asked again (a file changed), for whoever sees it
+    note: str | None = None
+
+
+@attrs.frozen
+class Settlement:
+    """
+    How a request the console listed ended (what :meth:`Approvals.watch` callbacks get).
+
+    Attributes:
+        decision: ``allow``, ``deny``, ``cancelled``, ``error`` or ``other``.
+        source: who settled it: ``client``, ``console``, ``timeout``, a rule...
+        option_id: the option answered, if any.
+        connection: the client connection that answered, if one did.
+    """
+
+    decision: str
+    source: str
+    option_id: str | None = None
+    connection: str | None = None
 
 
 def _selected(option: Option | None) -> JsonObject:
@@ -119,6 +156,11 @@ class Approvals:
         self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
         #: decisions by "<decision>:<source>" (for metrics)
         self.counts: collections.Counter[str] = collections.Counter()
+        #: every request waiting on a human, by console id, oldest first
+        self._waiting: dict[str, Forwarded] = {}
+        self._console_ids = itertools.count(1)
+        #: told of each request as it starts waiting (None) and as it ends (its Settlement)
+        self._watchers: list[Callable[[Forwarded, Settlement | None], None]] = []
 
     # ------------------------------------------------------------------ a request arrives
 
@@ -162,7 +204,7 @@ class Approvals:
                 f"the rule says {decision.action.value}, but no such option is offered "
                 "under an id of its own"
             )
-            if client is None or session.unattended:
+            if (client is None or session.unattended) and not self._console_waits:
                 await self._answer(
                     agent,
                     agent_id,
@@ -173,7 +215,7 @@ class Approvals:
                     detail=detail,
                 )
                 return
-        if client is None or session.unattended:
+        if (client is None or session.unattended) and not self._console_waits:
             reason = "no client attached" if client is None else "session is unattended"
             await self._answer(
                 agent,
@@ -210,10 +252,17 @@ class Approvals:
         self._bridge.deadlines.schedule(
             ("ask", entry), deadline, functools.partial(self.timed_out, entry)
         )
+        self._start_waiting(entry, deadline)
         if self._bridge.sessions.get(session.bridge_id) is not session:
             await self.unattended(entry, "session_closed")  # closed or deleted meanwhile
             return
         owner = session.client
+        if session.unattended:
+            # Only the console answers it (console mode); parked, so that whatever ends the
+            # session's requests (cancel, grace, the agent's exit or withdrawal) ends it too.
+            entry.extra.console_only = True
+            session.parked.append(entry)
+            return
         if owner is None or owner.closed:
             session.parked.append(entry)  # shown to whoever takes the session back
             return
@@ -253,6 +302,9 @@ class Approvals:
         ask: Ask = entry.extra
         session = entry.session
         assert session is not None
+        if ask.console_only:
+            session.parked.append(entry)  # a client takes the session back: still not its own
+            return
         agent = entry.origin
         client_id = client.pending.add(entry)
         ask.shown = (client, client_id)
@@ -389,6 +441,7 @@ class Approvals:
         ask.settled = True
         bridge = self._bridge
         bridge.deadlines.cancel(("ask", entry))
+        self._waiting.pop(ask.console_id, None)
         if ask.key is not None and bridge.journal is not None:
             bridge.journal.pending_removed(ask.key)
         session = entry.session
@@ -434,6 +487,9 @@ class Approvals:
         await self._record(
             entry, verdict, source, option_id=option_id, connection=connection, detail=detail
         )
+        name = connection.name if connection is not None else None
+        done = Settlement(verdict, source, option_id, name)
+        self._tell(entry, done)
         return True
 
     async def late_answer(self, client: ClientLink, client_id: JsonRpcId) -> bool:
@@ -453,6 +509,68 @@ class Approvals:
             )
         )
         return True
+
+    # ------------------------------------------------------------------ the console
+
+    @property
+    def _console_waits(self) -> bool:
+        return self.policy.unattended == "console"
+
+    def waiting(self) -> list[Forwarded]:
+        """Every request waiting on a human now (shown, parked or the console's), oldest first."""
+        return list(self._waiting.values())
+
+    def watch(self, callback: Callable[[Forwarded, Settlement | None], None]) -> None:
+        """Call ``callback`` (synchronously: it must not block) as each request starts and ends."""
+        self._watchers.append(callback)
+
+    def _start_waiting(self, entry: Forwarded, deadline: float) -> None:
+        ask: Ask = entry.extra
+        ask.console_id = str(next(self._console_ids))
+        ask.deadline = deadline
+        self._waiting[ask.console_id] = entry
+        self._tell(entry, None)
+
+    def _tell(self, entry: Forwarded, settlement: Settlement | None) -> None:
+        for callback in self._watchers:
+            callback(entry, settlement)
+
+    async def console_answer(self, console_id: str, option_id: str) -> str:
+        """
+        An answer from the approval console: one of the request's own options, settled as any
+        other answer (the first wins; a client that was shown it is told). Returns
+        ``"settled"``, ``"unknown"`` (no such request waits: settled already, or never was),
+        ``"bad_option"`` or ``"asked_again"`` (an allow for an edit whose file changed since:
+        not delivered, the request waits again with a note; a second change denies).
+        """
+        entry = self._waiting.get(console_id)
+        if entry is None:
+            return "unknown"
+        ask: Ask = entry.extra
+        option = next((o for o in ask.request.options if o.option_id == option_id), None)
+        if option is None:
+            return "bad_option"
+        outcome = _selected(option)
+        if _verdict(outcome, ask.request)[0] == "allow" and ask.digests:
+            now = await trio.to_thread.run_sync(_hash_files, list(ask.digests))
+            if ask.settled:
+                return "unknown"  # answered elsewhere while the files were read
+            if now != ask.digests:
+                changed = ", ".join(sorted(p for p in now if now[p] != ask.digests.get(p)))
+                if not ask.reasked:
+                    ask.reasked = True
+                    ask.digests = now
+                    ask.note = f"the file(s) changed since this was asked: {changed}"
+                    await self._record(
+                        entry, "stale", "console", detail=f"changed since asked: {changed}"
+                    )
+                    self._tell(entry, None)
+                    return "asked_again"
+                outcome = _selected(_reject_option(ask.request.options))
+                await self.settle(entry, outcome, source="stale", detail=f"changed: {changed}")
+                return "settled"
+        settled = await self.settle(entry, outcome, source="console", detail="the console")
+        return "settled" if settled else "unknown"
 
     def forget_client(self, client: ClientLink) -> None:
         self._settled.pop(client, None)
@@ -559,4 +677,4 @@ def park(entry: Forwarded) -> None:
         entry.session.parked.append(entry)
 
 
-__all__ = ["Approvals", "Ask", "Decision", "park"]
+__all__ = ["Approvals", "Ask", "Decision", "Settlement", "park"]

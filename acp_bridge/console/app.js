@@ -81,7 +81,11 @@ function buildCard(request) {
 function update(entry, request) {
   entry.deadline = Date.now() + request.timeLeftMs;
   const shown = entry.el.querySelector(".shown");
-  shown.textContent = request.shownTo ? " · also shown to " + request.shownTo : "";
+  if (request.shownTo === "console only") {
+    shown.textContent = " · unattended: only the console can answer";
+  } else {
+    shown.textContent = request.shownTo ? " · also shown to " + request.shownTo : "";
+  }
   const note = entry.el.querySelector(".note");
   note.hidden = !request.note;
   note.textContent = request.note || "";
@@ -121,7 +125,9 @@ async function answer(id, option, button) {
   }
   const body = await response.json().catch(() => ({}));
   if (response.ok) {
-    settle(id, "Answered here: " + option.name);
+    settle(id, "");
+    // (The live channel may have marked it settled first: this page's answer is what won.)
+    entry.el.querySelector(".outcome").textContent = "Answered here: " + option.name;
   } else if (body.status === "already_settled") {
     settle(id, "Already settled by " + who(body) + " (" +
            (body.option ? body.decision + ": " + body.option : body.decision) + ")");

@@ -9,6 +9,12 @@ declared unattended) means deny. Whatever settles a request (the client, a rule,
 :meth:`Approvals.settle` is the only way out: it answers the agent once, tells a client that
 was shown the request and did not answer it (``_acp_bridge/permission_resolved``), and writes
 one audit record. A late or second answer is refused and audited. **A timeout never grants.**
+
+Every request put to a human is also listed for the approval console (:meth:`Approvals.waiting`,
+:meth:`Approvals.watch`) and may be answered from there (:meth:`Approvals.console_answer`),
+through the same settlement: the first answer wins. With ``[policy] unattended = "console"``, a
+request no attached client can answer waits for the console (up to ``ask_timeout``) instead of
+being denied at once.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 import json
+import time
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
@@ -31,6 +39,8 @@ from acp_bridge._routing import Forwarded
 from acp_bridge._store import AuditRecord
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from acp_bridge._audit import AuditLog
     from acp_bridge._journal import Journal
     from acp_bridge._jsonrpc import JsonObject, JsonRpcId
@@ -64,6 +74,33 @@ class Ask:
     settled: bool = False
     #: its key in the store's pending approvals (None: not recorded)
     key: str | None = None
+    #: its id on the approval console
+    console_id: str = ""
+    #: when it is denied (trio clock), and when it came (wall clock)
+    deadline: float = 0.0
+    asked_at: float = attrs.field(factory=time.time)
+    #: nobody attached may answer it (an unattended session): only the console, never shown
+    console_only: bool = False
+    #: why it is asked again (a file changed), for whoever sees it
+    note: str | None = None
+
+
+@attrs.frozen
+class Settlement:
+    """
+    How a request the console listed ended (what :meth:`Approvals.watch` callbacks get).
+
+    Attributes:
+        decision: ``allow``, ``deny``, ``cancelled``, ``error`` or ``other``.
+        source: who settled it: ``client``, ``console``, ``timeout``, a rule...
+        option_id: the option answered, if any.
+        connection: the client connection that answered, if one did.
+    """
+
+    decision: str
+    source: str
+    option_id: str | None = None
+    connection: str | None = None
 
 
 def _selected(option: Option | None) -> JsonObject:
@@ -123,6 +160,84 @@ class SendLog(Protocol):
     ) -> None: ...
 
 
+async def _changed(ask: Ask) -> tuple[dict[str, str | None], str] | None:
+    """For an edit asked with its files' digests: the digests now and the files that changed
+    since (None: none did, or no digests were taken)."""
+    if not ask.digests:
+        return None
+    now = await trio.to_thread.run_sync(_hash_files, list(ask.digests))
+    if now == ask.digests:
+        return None
+    return now, ", ".join(sorted(p for p in now if now[p] != ask.digests.get(p)))
+
+
+class Desk:
+    """
+    Every permission request waiting on a human now (shown, parked or only the console's), by
+    console id, oldest first, and who wants to hear as each starts and ends (the console).
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, Forwarded] = {}
+        self._ids = itertools.count(1)
+        #: told of each request as it starts waiting (None) and as it ends (its Settlement)
+        self._watchers: list[Callable[[Forwarded, Settlement | None], None]] = []
+
+    def waiting(self) -> list[Forwarded]:
+        return list(self._waiting.values())
+
+    def get(self, console_id: str) -> Forwarded | None:
+        return self._waiting.get(console_id)
+
+    def watch(self, callback: Callable[[Forwarded, Settlement | None], None]) -> None:
+        """Call ``callback`` (synchronously: it must not block) as each request starts and ends."""
+        self._watchers.append(callback)
+
+    def add(self, entry: Forwarded, deadline: float) -> None:
+        ask: Ask = entry.extra
+        ask.console_id = str(next(self._ids))
+        ask.deadline = deadline
+        self._waiting[ask.console_id] = entry
+        self.tell(entry, None)
+
+    def remove(self, ask: Ask) -> None:
+        self._waiting.pop(ask.console_id, None)
+
+    def tell(self, entry: Forwarded, settlement: Settlement | None) -> None:
+        for callback in self._watchers:
+            callback(entry, settlement)
+
+
+def rule_on(
+    policy: Policy, req: PermissionRequest, session: Session, agent: str, *, attended: bool
+) -> tuple[JsonObject, str, str | None] | None:
+    """
+    What the bridge answers a permission request without a human, as (outcome, audit source,
+    detail), or None: a human must be asked (the attached client, or the console).
+    """
+    hit = _deny_paths_hit(req, session, policy.deny_paths)
+    if hit is not None:
+        # Before the rules: no rule, and no human, grants a tool call on a denied file
+        # (the agent may open it itself, past the bridge's file containment).
+        return _selected(_reject_option(req.options)), "deny_paths", hit
+    nobody = (not attended or session.unattended) and policy.unattended != "console"
+    decision = decide(req, policy, agent)
+    if decision.action is not Action.ASK:
+        option = choose_option(decision, req.options)
+        if option is not None:
+            return _selected(option), decision.rule or "default", None
+        if nobody:
+            detail = (
+                f"the rule says {decision.action.value}, but no such option is offered "
+                "under an id of its own"
+            )
+            return _selected(None), decision.rule or "default", detail
+    if nobody:
+        reason = "session is unattended" if attended else "no client attached"
+        return _selected(_reject_option(req.options)), "unattended", reason
+    return None
+
+
 class Approvals:
     """
     The approval policy at work for one bridge, given what it uses of the bridge: the
@@ -150,6 +265,8 @@ class Approvals:
         self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
         #: decisions by "<decision>:<source>" (for metrics)
         self.counts: collections.Counter[str] = collections.Counter()
+        #: every request waiting on a human, for the approval console
+        self.desk = Desk()
 
     # ------------------------------------------------------------------ a request arrives
 
@@ -159,67 +276,18 @@ class Approvals:
         """An agent asks: decide by rule, deny when unattended, or ask the attached human."""
         agent_id = msg["id"]
         req = PermissionRequest.from_params(params)
-        hit = _deny_paths_hit(req, session, self.policy.deny_paths)
-        if hit is not None:
-            # Before the rules: no rule, and no human, grants a tool call on a denied file
-            # (the agent may open it itself, past the bridge's file containment).
-            await self._answer(
-                agent,
-                agent_id,
-                _selected(_reject_option(req.options)),
-                req,
-                session,
-                source="deny_paths",
-                detail=hit,
-            )
-            return
-        decision = decide(req, self.policy, agent.name)
         client = session.client if session.client is not None else None
         if client is not None and client.closed:
             client = None
-        if decision.action is not Action.ASK:
-            option = choose_option(decision, req.options)
-            if option is not None:
-                await self._answer(
-                    agent,
-                    agent_id,
-                    _selected(option),
-                    req,
-                    session,
-                    source=decision.rule or "default",
-                )
-                return
-            detail = (
-                f"the rule says {decision.action.value}, but no such option is offered "
-                "under an id of its own"
-            )
-            if client is None or session.unattended:
-                await self._answer(
-                    agent,
-                    agent_id,
-                    _selected(None),
-                    req,
-                    session,
-                    source=decision.rule or "default",
-                    detail=detail,
-                )
-                return
-        if client is None or session.unattended:
-            reason = "no client attached" if client is None else "session is unattended"
-            await self._answer(
-                agent,
-                agent_id,
-                _selected(_reject_option(req.options)),
-                req,
-                session,
-                source="unattended",
-                detail=reason,
-            )
-            if client is not None:
+        ruling = rule_on(self.policy, req, session, agent.name, attended=client is not None)
+        if ruling is not None:
+            outcome, source, detail = ruling
+            await self._answer(agent, agent_id, outcome, req, session, source=source, detail=detail)
+            if source == "unattended" and client is not None:
                 await self._send_log(
                     client,
                     "warning",
-                    f"permission request denied: {reason}",
+                    f"permission request denied: {detail}",
                     session=session,
                     toolCallId=req.tool_call_id,
                 )
@@ -239,10 +307,17 @@ class Approvals:
             journal.pending_added(ask.key, session.bridge_id, agent.name, json.dumps(params))
         deadline = trio.current_time() + self.policy.ask_timeout
         self._deadlines.schedule(("ask", entry), deadline, functools.partial(self.timed_out, entry))
+        self.desk.add(entry, deadline)
         if self._sessions.get(session.bridge_id) is not session:
             await self.unattended(entry, "session_closed")  # closed or deleted meanwhile
             return
         owner = session.client
+        if session.unattended:
+            # Only the console answers it (console mode); parked, so that whatever ends the
+            # session's requests (cancel, grace, the agent's exit or withdrawal) ends it too.
+            entry.extra.console_only = True
+            session.parked.append(entry)
+            return
         if owner is None or owner.closed:
             session.parked.append(entry)  # shown to whoever takes the session back
             return
@@ -273,6 +348,9 @@ class Approvals:
         ask: Ask = entry.extra
         session = entry.session
         assert session is not None
+        if ask.console_only:
+            session.parked.append(entry)  # a client takes the session back: still not its own
+            return
         agent = entry.origin
         client_id = client.pending.add(entry)
         ask.shown = (client, client_id)
@@ -313,34 +391,25 @@ class Approvals:
         if not isinstance(outcome, dict):
             outcome = {"outcome": "cancelled"}
         verdict, _ = _verdict(outcome, ask.request)
-        if verdict == "allow" and ask.digests:
-            now = await trio.to_thread.run_sync(_hash_files, list(ask.digests))
-            if now != ask.digests:
-                changed = sorted(p for p in now if now[p] != ask.digests.get(p))
-                if not ask.reasked and not client.closed:
-                    ask.reasked = True
-                    ask.digests = now
-                    await self._record(
-                        entry,
-                        "stale",
-                        "client",
-                        connection=client,
-                        detail=f"changed since asked: {', '.join(changed)}; asked again",
-                    )
-                    await self.show(
-                        entry,
-                        client,
-                        note="the file(s) changed since this was asked: " + ", ".join(changed),
-                    )
-                    return
-                await self.settle(
-                    entry,
-                    _selected(_reject_option(ask.request.options)),
-                    source="stale",
-                    connection=client,
-                    detail=f"changed since asked: {', '.join(changed)}",
-                )
+        stale = await _changed(ask) if verdict == "allow" else None
+        if stale is not None:
+            now, changed = stale
+            if not ask.reasked and not client.closed:
+                ask.reasked = True
+                ask.digests = now
+                detail = f"changed since asked: {changed}; asked again"
+                await self._record(entry, "stale", "client", connection=client, detail=detail)
+                note = f"the file(s) changed since this was asked: {changed}"
+                await self.show(entry, client, note=note)
                 return
+            await self.settle(
+                entry,
+                _selected(_reject_option(ask.request.options)),
+                source="stale",
+                connection=client,
+                detail=f"changed since asked: {changed}",
+            )
+            return
         await self.settle(entry, outcome, source="client", connection=client)
 
     async def timed_out(self, entry: Forwarded) -> None:
@@ -397,6 +466,7 @@ class Approvals:
             return False
         ask.settled = True
         self._deadlines.cancel(("ask", entry))
+        self.desk.remove(ask)
         if ask.key is not None and self._journal is not None:
             self._journal.pending_removed(ask.key)
         session = entry.session
@@ -442,6 +512,9 @@ class Approvals:
         await self._record(
             entry, verdict, source, option_id=option_id, connection=connection, detail=detail
         )
+        name = connection.name if connection is not None else None
+        done = Settlement(verdict, source, option_id, name)
+        self.desk.tell(entry, done)
         return True
 
     async def late_answer(self, client: ClientLink, client_id: JsonRpcId) -> bool:
@@ -461,6 +534,43 @@ class Approvals:
             )
         )
         return True
+
+    # ------------------------------------------------------------------ the console
+
+    async def console_answer(self, console_id: str, option_id: str) -> str:
+        """
+        An answer from the approval console: one of the request's own options, settled as any
+        other answer (the first wins; a client that was shown it is told). Returns
+        ``"settled"``, ``"unknown"`` (no such request waits: settled already, or never was),
+        ``"bad_option"`` or ``"asked_again"`` (an allow for an edit whose file changed since:
+        not delivered, the request waits again with a note; a second change denies).
+        """
+        entry = self.desk.get(console_id)
+        if entry is None:
+            return "unknown"
+        ask: Ask = entry.extra
+        option = next((o for o in ask.request.options if o.option_id == option_id), None)
+        if option is None:
+            return "bad_option"
+        outcome = _selected(option)
+        stale = await _changed(ask) if _verdict(outcome, ask.request)[0] == "allow" else None
+        if ask.settled:
+            return "unknown"  # answered elsewhere while the files were read
+        if stale is not None:
+            now, changed = stale
+            if not ask.reasked:
+                ask.reasked = True
+                ask.digests = now
+                ask.note = f"the file(s) changed since this was asked: {changed}"
+                detail = f"changed since asked: {changed}"
+                await self._record(entry, "stale", "console", detail=detail)
+                self.desk.tell(entry, None)
+                return "asked_again"
+            outcome = _selected(_reject_option(ask.request.options))
+            await self.settle(entry, outcome, source="stale", detail=f"changed: {changed}")
+            return "settled"
+        settled = await self.settle(entry, outcome, source="console", detail="the console")
+        return "settled" if settled else "unknown"
 
     def forget_client(self, client: ClientLink) -> None:
         self._settled.pop(client, None)
@@ -578,4 +688,4 @@ def park(entry: Forwarded) -> None:
         entry.session.parked.append(entry)
 
 
-__all__ = ["Approvals", "Ask", "Decision", "park"]
+__all__ = ["Approvals", "Ask", "Decision", "Desk", "Settlement", "park"]

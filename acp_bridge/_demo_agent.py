@@ -545,7 +545,8 @@ class _Play:
         diff = {"type": "diff", "path": path, "newText": content}
         await self._update({"sessionUpdate": "tool_call", **call, "content": [diff]})
         if not self.session.always_allow_writes:
-            stop = await self._get_permission(call, f"write {name}")
+            # The request carries the diff too: what a human is asked to approve.
+            stop = await self._get_permission({**call, "content": [diff]}, f"write {name}")
             if stop is not None:
                 return stop
         await self._tool_status(call_id, "in_progress")

@@ -10,7 +10,9 @@ judged by :func:`judge` before anything else happens, in this order:
 2. The path: ``/healthz`` answers **200** or **503** with the agents' states (no token: it
    carries no session data); ``/status`` (JSON) and ``/metrics`` (Prometheus text) answer
    ``GET`` with the token only (``Origin`` and token checked as below, **401** without);
-   the configured path (``/acp``) goes on; anything else **404**.
+   ``/console`` and below go to the approval console, which judges them itself
+   (``_console_core.judge_console``); the configured path (``/acp``) goes on; anything else
+   **404**.
 3. ``GET`` only (**405**), with ``Upgrade: websocket`` (**426**) and a well-formed upgrade
    (**400**).
 4. ``Origin``: absent is fine (non-browser clients hold the token); present, including the
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUSY",
+    "Console",
     "HandshakePolicy",
     "Health",
     "Refuse",
@@ -191,7 +194,12 @@ class Upgrade:
     """Accept the WebSocket upgrade."""
 
 
-Verdict = Refuse | Health | Report | Upgrade
+@attrs.frozen
+class Console:
+    """A request for the approval console (``/console``...): judged by the console itself."""
+
+
+Verdict = Refuse | Health | Report | Upgrade | Console
 
 #: Paths of the reports a token holder may read (with GET), and what each is.
 _REPORTS: Final = {"/status": "status", "/metrics": "metrics"}
@@ -227,6 +235,10 @@ def judge(head: RequestHead, policy: HandshakePolicy, *, connections: int) -> Ve
             return Refuse(405, "method not allowed", (("Allow", "GET"),))
         refusal = _check_origin_and_token(head, policy, parts.query)
         return refusal if refusal is not None else Report(_REPORTS[parts.path])
+    if parts.path != policy.path and (
+        parts.path == "/console" or parts.path.startswith("/console/")
+    ):
+        return Console()
     if parts.path != policy.path:
         return Refuse(404, "not found")
     if head.method != "GET":

@@ -129,6 +129,9 @@ class Policy:
             :mod:`acp_bridge._containment`).
         rules: the global rules, in file order.
         agents: per-agent overrides, by agent name.
+        unattended: what "ask" means when no attached client can answer: ``"deny"`` at
+            once, or ``"console"``: wait for an answer from the approval console, up to
+            ``ask_timeout``, then deny.
     """
 
     default: Action = Action.ASK
@@ -136,6 +139,7 @@ class Policy:
     deny_paths: tuple[str, ...] = DEFAULT_DENY_PATHS
     rules: tuple[Rule, ...] = ()
     agents: Mapping[str, AgentPolicy] = attrs.field(factory=dict, converter=_frozen_map)
+    unattended: str = "deny"
 
 
 # --- the request ---------------------------------------------------------------------------
@@ -419,7 +423,9 @@ def _translate_class(pattern: str, start: int, out: list[str]) -> int:
 
 _ACTIONS: Final = tuple(action.value for action in Action)
 _BAD_ACTION: Final = f"expected one of {', '.join(map(repr, _ACTIONS))}"
-_POLICY_KEYS: Final = ("default", "ask_timeout", "deny_paths", "rules", "agents")
+_POLICY_KEYS: Final = ("default", "ask_timeout", "deny_paths", "rules", "agents", "unattended")
+#: the values of ``[policy] unattended``
+UNATTENDED_MODES: Final = ("deny", "console")
 _AGENT_KEYS: Final = ("default", "rules")
 _RULE_KEYS: Final = ("id", "agent", "kind", "title", "path", "action", "remember")
 _CRITERIA: Final = ("agent", "kind", "title", "path")
@@ -517,6 +523,13 @@ def _parse(data: object, problems: _Problems) -> Policy:
         fields["rules"] = _rules(data["rules"], (*root, "rules"), None, seen, problems)
     if "agents" in data:
         fields["agents"] = _agents(data["agents"], (*root, "agents"), seen, problems)
+    if "unattended" in data:
+        mode = data["unattended"]
+        if mode in UNATTENDED_MODES:
+            fields["unattended"] = mode
+        else:
+            choices = ", ".join(repr(m) for m in UNATTENDED_MODES)
+            problems.at((*root, "unattended"), f"expected one of {choices}")
     return Policy(**{key: value for key, value in fields.items() if value is not None})
 
 

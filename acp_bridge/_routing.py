@@ -171,6 +171,8 @@ class Session:
     unattended: bool = False
     #: when it was created (wall clock, for the store)
     created: float = attrs.field(factory=time.time)
+    #: its title, as the agent last reported it (``session_info_update``), for the console
+    title: str | None = None
     _log: Any = attrs.field(default=None, init=False, repr=False)
 
     @property
@@ -416,7 +418,9 @@ def roots_of(params: JsonObject) -> tuple[str, ...]:
     return tuple(r for r in roots if isinstance(r, str) and r.startswith("/"))
 
 
-SETUP_UPDATES: Final = frozenset({"current_mode_update", "config_option_update"})
+SETUP_UPDATES: Final = frozenset(
+    {"current_mode_update", "config_option_update", "session_info_update"}
+)
 
 
 def track_setup(session: Session, update: JsonObject) -> None:
@@ -425,6 +429,10 @@ def track_setup(session: Session, update: JsonObject) -> None:
         modes = session.setup.get("modes")
         if isinstance(modes, dict) and isinstance(update.get("currentModeId"), str):
             session.setup["modes"] = {**modes, "currentModeId": update["currentModeId"]}
+    elif update.get("sessionUpdate") == "session_info_update":
+        if "title" in update:  # (null clears it)
+            title = update["title"]
+            session.title = title[:500] if isinstance(title, str) else None
     elif isinstance(update.get("configOptions"), list):
         session.setup["configOptions"] = update["configOptions"]
 

@@ -15,6 +15,7 @@ import json
 import shutil
 import ssl
 import sys
+import urllib.parse
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
@@ -69,12 +70,14 @@ class ListenInfo:
         port: the port bound (the real one when the config said 0).
         url: the ACP endpoint, ``ws://`` or ``wss://``, for local clients.
         token_path: the token file, or None when the token is inline in the config.
+        console_login: the approval console's login link (it carries the token).
     """
 
     host: str
     port: int
     url: str
     token_path: str | None
+    console_login: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen
@@ -190,11 +193,13 @@ async def _serve_prepared(
         bridge, settings, token=prepared.token, port=port, ssl_context=prepared.ssl_context
     )
     scheme = "wss" if prepared.ssl_context is not None else "ws"
+    token = urllib.parse.quote(prepared.token.decode("utf-8", "surrogateescape"), safe="")
     info = ListenInfo(
         host=str(bound[0][0]),
         port=port,
         url=_url(scheme, host, port, settings.path),
         token_path=prepared.token_path,
+        console_login=_url(scheme.replace("ws", "http"), host, port, f"/console?token={token}"),
     )
 
     async def handler(stream: trio.SocketStream) -> None:
@@ -234,6 +239,11 @@ def startup_summary(info: ListenInfo, *, agent: str, agent_state: str) -> str:
             f"  agent:   {agent} ({agent_state})",
             token_line,
             f"  health:  {http_scheme}://{base}/healthz",
+            *(
+                [f"  console: {info.console_login} (approvals; holds the token)"]
+                if info.console_login is not None
+                else []
+            ),
             f"  status:  acp-bridge status, or {http_scheme}://{base}/status and /metrics "
             "(with the token)",
             "  Zed: add to settings.json:",

@@ -1,5 +1,6 @@
 """
-The daemon's network face: ACP over WebSocket (``GET /acp``) and ``GET /healthz``, one port.
+The daemon's network face: ACP over WebSocket (``GET /acp``), ``GET /healthz`` and the
+approval console (``/console``, served by ``_console.py``), one port.
 
 Every TCP connection is read up to the end of its HTTP request head (h11; at most
 :data:`MAX_HEAD_BYTES`, 16 KiB, else **431**; within ``handshake_timeout``, TLS included) and
@@ -55,8 +56,11 @@ import trio
 import trio_websocket
 
 from acp_bridge import _pipes as pipes
+from acp_bridge._console import Console as ConsoleService
+from acp_bridge._console import LiveStream
 from acp_bridge._handshake import (
     BUSY,
+    Console,
     HandshakePolicy,
     Health,
     Refuse,
@@ -297,6 +301,14 @@ class WebSocketFace:
         self._busy = 0
         self._accepted = 0
         self._refused = 0
+        #: the approval console on this listener
+        self.console = ConsoleService(
+            bridge.approvals,
+            bridge.audit,
+            self.policy,
+            tls=ssl_context is not None,
+            send_timeout=settings.ping_timeout,
+        )
 
     def statistics(self) -> WebSocketStatistics:
         return WebSocketStatistics(
@@ -386,6 +398,9 @@ class WebSocketFace:
             self._pending.pop(slot, None)
         if accepted is None:
             return
+        if isinstance(accepted, LiveStream):
+            await accepted.run()  # a console page's live channel: no handshake place held
+            return
         ws, conn_id, replay = accepted
         try:
             await self._serve(ws, conn_id, replay)
@@ -394,7 +409,7 @@ class WebSocketFace:
 
     async def _handshake(
         self, raw: trio.abc.Stream, nursery: trio.Nursery, log: Log
-    ) -> tuple[trio_websocket.WebSocketConnection, str, _ReplayStream] | None:
+    ) -> tuple[trio_websocket.WebSocketConnection, str, _ReplayStream] | LiveStream | None:
         stream: trio.abc.Stream = raw
         try:
             if self._ssl is not None:
@@ -423,6 +438,16 @@ class WebSocketFace:
             return None
         if isinstance(verdict, Report):
             await self._report(stream, verdict, log)
+            return None
+        if isinstance(verdict, Console):
+            answer = await self.console.respond(stream, head, received)
+            if isinstance(answer, Refuse):
+                await self._refuse(stream, answer, log, method=head.method, path=_path_of(head))
+            elif isinstance(answer, bytes):
+                log.debug("console_served", method=head.method, path=_path_of(head))
+                await _send_quietly(stream, answer)
+            else:
+                return answer
             return None
         conn_id = str(uuid.uuid4())
         self._connections.add(conn_id)  # taken now: the cap counts handshakes being accepted

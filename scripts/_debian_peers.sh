@@ -1,5 +1,6 @@
 # Sourced by scripts/test: Debian packages some tests run against (OpenSSH's server and client
-# for the remote-agent tests, tests/test_remote.py). Installed only when missing, and only when
+# for the remote-agent tests, tests/test_remote.py; Chromium for the approval console's browser
+# tests, tests/test_console_browser.py, driven by Playwright). Installed only when missing, and only when
 # running as root with apt-get (CI: root on a fresh machine); otherwise a notice, and those
 # tests are skipped with the reason.
 debian_peers_missing=()
@@ -8,6 +9,9 @@ if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
 fi
 if ! command -v ssh >/dev/null 2>&1 || ! command -v ssh-keygen >/dev/null 2>&1; then
     debian_peers_missing+=(openssh-client)
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+    debian_peers_missing+=(chromium)
 fi
 if [ "${#debian_peers_missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -18,11 +22,11 @@ if [ "${#debian_peers_missing[@]}" -gt 0 ]; then
                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
                    "${debian_peers_missing[@]}"; } >"$debian_peers_log" 2>&1; then
             tail -n 20 "$debian_peers_log" >&2
-            echo "peers: apt-get failed (log above); the ssh tests will be skipped" >&2
+            echo "peers: apt-get failed (log above); the ssh or browser tests will be skipped" >&2
         fi
     else
         echo "peers: ${debian_peers_missing[*]} missing (as root: apt-get install" \
-             "${debian_peers_missing[*]}); the ssh tests will be skipped" >&2
+             "${debian_peers_missing[*]}); the ssh or browser tests will be skipped" >&2
     fi
 fi
 # sshd will not start without its privilege separation directory (the package's service

@@ -666,12 +666,13 @@ async def test_write_allowed_writes_through_the_client(start_agent):
     assert ask["id"] == 0  # the agent's own ids count from 0
     assert ask["params"] == {
         "sessionId": session_id,
-        "toolCall": {
+        "toolCall": {  # with the diff: what the human (a client, the console) approves
             "toolCallId": "call-1",
             "title": "Write notes.txt",
             "kind": "edit",
             "status": "pending",
             "locations": [{"path": path}],
+            "content": [{"type": "diff", "path": path, "newText": "hello world"}],
         },
         "options": [
             {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},

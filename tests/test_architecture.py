@@ -46,6 +46,8 @@ PURE: tuple[str, ...] = (
     "_demo_script",
     "_mcp_tools",
     "_mcp_core",
+    "_v2_shapes",
+    "_v2_core",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

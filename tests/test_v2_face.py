@@ -171,3 +171,39 @@ async def test_without_the_flag_a_v2_initialize_gets_the_bridges_v1():
         init = await raw.call("initialize", V2_INIT)
         assert init["protocolVersion"] == 1
         assert "agentCapabilities" in init
+
+
+async def test_over_websocket_a_v2_and_a_v1_connection_are_each_served_their_own_version():
+    from tests.test_ws import TIMEOUT, open_peer, open_server
+
+    prompt = [{"type": "text", "text": "count 2"}]
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_server({"a": FakeAgent("a")}, bridge={"experimental_v2": True}) as server,
+            open_peer(server.port, initialize=False) as v2,
+            open_peer(server.port) as v1,
+        ):
+            init = await v2.request("initialize", V2_INIT)
+            assert init["result"]["protocolVersion"] == 2
+            sid = (await v2.request("session/new", {"cwd": "/w"}))["result"]["sessionId"]
+            ack = await v2.request("session/prompt", {"sessionId": sid, "prompt": prompt})
+            while not _idle(v2.received[-1].get("params", {}).get("update", {})):
+                await v2.next()
+            chunks = [
+                m["params"]["update"]
+                for m in v2.received
+                if m.get("params", {}).get("update", {}).get("sessionUpdate")
+                == "agent_message_chunk"
+            ]
+            assert [c["content"]["text"] for c in chunks] == [f"a:{sid}:0", f"a:{sid}:1"]
+            assert isinstance(ack["result"]["messageId"], str)
+            asked = {1: "initialize", 2: "session/new", 3: "session/prompt"}
+            for msg in v2.received:
+                check_to_client(msg, asked)
+
+            v1_sid = (await v1.request("session/new", {"cwd": "/w", "mcpServers": []}))["result"][
+                "sessionId"
+            ]
+            reply = await v1.request("session/prompt", {"sessionId": v1_sid, "prompt": prompt})
+            assert reply["result"] == {"stopReason": "end_turn"}
+            assert not any("messageId" in str(m) for m in v1.received)

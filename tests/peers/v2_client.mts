@@ -54,7 +54,7 @@ await app.connectWith(acp.ndJsonStream(output, input), async (ctx) => {
     info: { name: "v2-test", version: "1.0.0" },
   });
   report.protocolVersion = init.protocolVersion;
-  const session = await ctx.buildSession("/tmp").start();
+  const session = await ctx.buildSession("/w").start();
   report.sessionId = session.sessionId;
   const ack = await session.prompt("count 3");
   report.messageId = ack.messageId;
@@ -82,7 +82,7 @@ await app.connectWith(acp.ndJsonStream(output, input), async (ctx) => {
   };
   report.resume = await ctx.request("session/resume", {
     sessionId: session.sessionId,
-    cwd: "/tmp",
+    cwd: "/w",
     replayFrom: { type: "start" },
   });
   report.close = await ctx.request("session/close", { sessionId: session.sessionId });

@@ -57,6 +57,7 @@ from acp_bridge._routing import (
 )
 from acp_bridge._session_requests import SessionRequests
 from acp_bridge._supervisor import Supervisor
+from acp_bridge._v2_face import V2Gate
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -422,18 +423,25 @@ async def serve_client_stream(
     client = bridge.open_client(name, blocking=True)
     grace = bridge.config.bridge.stop_grace if linger is None else linger
     decoder = LineDecoder(max_line_bytes=bridge.config.bridge.max_line_bytes)
+    # --experimental-v2: the first line decides v1 or v2 (docs/v2.md)
+    gate = (
+        V2Gate(client, bridge.handle_client_line) if bridge.config.bridge.experimental_v2 else None
+    )
+    handle = bridge.handle_client_line if gate is None else gate.line
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_pump_then_cancel, client, send, nursery.cancel_scope)
+            nursery.start_soon(_pump_then_cancel, client, send, nursery.cancel_scope, gate)
+            if gate is not None:
+                nursery.start_soon(gate.feed)
             try:
                 while data := await pipes.receive_some(receive, READ_CHUNK):
                     for line in decoder.feed(data):
-                        await bridge.handle_client_line(client, line)
+                        await handle(client, line)
                     # (A read of a pipe with data waiting does not yield: this one does.)
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 rest = decoder.feed_eof()
                 if rest is not None:
-                    await bridge.handle_client_line(client, rest)
+                    await handle(client, rest)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             with trio.move_on_after(grace):
@@ -450,10 +458,13 @@ async def serve_client_stream(
 
 
 async def _pump_then_cancel(
-    client: ClientLink, stream: trio.abc.SendStream, scope: trio.CancelScope
+    client: ClientLink,
+    stream: trio.abc.SendStream,
+    scope: trio.CancelScope,
+    gate: V2Gate | None = None,
 ) -> None:
     try:
-        await client.pump(stream)
+        await (client.pump(stream) if gate is None else gate.pump(stream))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         client.log.info("client_output_closed")
     # Output is finished (written, or the client stopped reading): the connection is over.

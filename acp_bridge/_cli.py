@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stdio = sub.add_parser("stdio", help="serve one ACP client on stdin/stdout")
     _add_agent_source(stdio)
+    _add_v2(stdio)
     _add_trace(stdio)
     _add_logging(stdio)
 
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="the WebSocket daemon: many ACP clients, many agents")
     _add_agent_source(serve)
+    _add_v2(serve)
     serve.add_argument("--host", help="listen address (overrides [websocket] host)")
     serve.add_argument(
         "--port", type=_port, help="listen port, 0 for a free one (overrides [websocket] port)"
@@ -189,6 +191,21 @@ def _port(text: str) -> int:
     return port
 
 
+def _add_v2(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--experimental-v2",
+        action="store_true",
+        help="serve ACP v2 to clients that initialize with protocol 2 (docs/v2.md)",
+    )
+
+
+def _v2_override(config: Config, args: argparse.Namespace) -> Config:
+    """``--experimental-v2`` sets ``[bridge] experimental_v2``."""
+    if not getattr(args, "experimental_v2", False):
+        return config
+    return attrs.evolve(config, bridge=attrs.evolve(config.bridge, experimental_v2=True))
+
+
 def _listen_overrides(config: Config, host: str | None, port: int | None) -> Config:
     """``serve --host/--port`` replace the config's ``[websocket]`` values."""
     ws = config.websocket
@@ -253,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level, fmt=args.log_format, file=args.log_file, redactor=redactor
     )
     try:
-        config = _load(args)
+        config = _v2_override(_load(args), args)
     except ConfigError as exc:
         print(f"acp-bridge: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -155,6 +155,8 @@ class BridgeConfig:
             prompt ``cancelled`` itself and drops the agent's late answer. 0: wait forever.
         history_limit: updates the bridge keeps per session for session/load replay.
         history_bytes: bytes of updates kept per session for replay (the older are trimmed).
+        experimental_v2: serve ACP v2 to a client that initializes with protocol 2 (the
+            draft; docs/v2.md); v1 clients are served v1 either way.
     """
 
     default_agent: str | None = None
@@ -171,6 +173,7 @@ class BridgeConfig:
     cancel_grace: float = 10.0
     history_limit: int = 10_000
     history_bytes: int = 16 * 1024 * 1024
+    experimental_v2: bool = False
 
 
 @attrs.frozen

@@ -72,6 +72,7 @@ from acp_bridge._handshake import (
     text_frames,
 )
 from acp_bridge._status import METRICS_CONTENT_TYPE, render_metrics
+from acp_bridge._v2_face import V2Gate
 
 if TYPE_CHECKING:
     import ssl
@@ -513,13 +514,17 @@ class WebSocketFace:
         log.info("ws_connected", connections=len(self._connections))
         client = self._bridge.open_client(f"ws:{conn_id[:8]}", blocking=False)
         ending = _Ending(trio.CancelScope())
+        handle = self._bridge.handle_client_line
+        gate = V2Gate(client, handle) if self._bridge.config.bridge.experimental_v2 else None
         try:
             with ending.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, ws, client, ending, replay)
+                    nursery.start_soon(self._writer, ws, client, ending, replay, gate)
                     if self._settings.ping_interval > 0:
                         nursery.start_soon(self._keepalive, ws, ending)
-                    await self._reader(ws, client, ending, replay)
+                    if gate is not None:
+                        nursery.start_soon(gate.feed)
+                    await self._reader(ws, client, ending, replay, gate)
                     nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -538,9 +543,10 @@ class WebSocketFace:
         client: ClientLink,
         ending: _Ending,
         replay: _ReplayStream,
+        gate: V2Gate | None = None,
     ) -> None:
         idle = self._settings.idle_timeout or math.inf
-        handle = self._bridge.handle_client_line
+        handle = self._bridge.handle_client_line if gate is None else gate.line
         first = True
         while True:
             message: str | bytes | None = None
@@ -571,10 +577,13 @@ class WebSocketFace:
         client: ClientLink,
         ending: _Ending,
         replay: _ReplayStream,
+        gate: V2Gate | None = None,
     ) -> None:
         async def send(batch: list[bytes]) -> None:
             if client.closed:  # the link overflowed: what is still queued is not sent
                 raise _LinkClosed
+            if gate is not None and not (batch := gate.outbound(batch)):
+                return
             if ws.closed is not None:
                 raise trio_websocket.ConnectionClosed(ws.closed)
             # Many frames in one write: one system call (and one TCP segment, mostly) for a

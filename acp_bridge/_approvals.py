@@ -31,6 +31,8 @@ from acp_bridge._routing import Forwarded
 from acp_bridge._store import AuditRecord
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from acp_bridge._audit import AuditLog
     from acp_bridge._journal import Journal
     from acp_bridge._jsonrpc import JsonObject, JsonRpcId
@@ -139,6 +141,7 @@ class Approvals:
         deadlines: Deadlines,
         journal: Journal | None,
         send_log: SendLog,
+        present: Callable[[Session, ClientLink, JsonObject], JsonObject] | None = None,
     ) -> None:
         self.policy = policy
         self.audit = audit
@@ -146,6 +149,8 @@ class Approvals:
         self._deadlines = deadlines
         self._journal = journal
         self._send_log = send_log
+        #: how a request is put to a client (a sub-agent's: maybe on its root's session)
+        self._present = present
         #: per client: ids of permission requests already settled (late answers are refused)
         self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
         #: decisions by "<decision>:<source>" (for metrics)
@@ -173,7 +178,8 @@ class Approvals:
                 detail=hit,
             )
             return
-        decision = decide(req, self.policy, agent.name)
+        parent = self._sessions.get(session.parent) if session.parent is not None else None
+        decision = decide(req, self.policy, agent.name, parent.agent if parent else None)
         client = session.client if session.client is not None else None
         if client is not None and client.closed:
             client = None
@@ -280,6 +286,8 @@ class Approvals:
         session.pending_permissions.add(client_id)
         params = dict(entry.context)
         params["sessionId"] = session.bridge_id
+        if self._present is not None:
+            params = self._present(session, client, params)
         if note is not None:
             meta = dict(params.get("_meta") or {})
             meta["acp_bridge"] = {**(meta.get("acp_bridge") or {}), "note": note}

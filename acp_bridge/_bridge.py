@@ -50,12 +50,14 @@ from acp_bridge._redact import Redactor
 from acp_bridge._restore import Restore
 from acp_bridge._reverse import Reverse
 from acp_bridge._routing import (
+    Forwarded,
     History,
     Session,
     SessionState,
     SessionTable,
 )
 from acp_bridge._session_requests import SessionRequests
+from acp_bridge._subagents import Subagents
 from acp_bridge._supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -167,9 +169,10 @@ class Bridge:
             deadlines=hub.deadlines,
             journal=journal,
             send_log=self.logs.send_log,
+            present=self._present,
         )
         #: agent → client requests: gates, containment, the approvals, the answers back
-        self.reverse = Reverse(hub, approvals=self.approvals)
+        self.reverse = Reverse(hub, approvals=self.approvals, present=self._present)
         #: sessions coming and going: detach, expire, forget, attach, reattach with replay
         self.reattach = Reattach(
             hub,
@@ -190,6 +193,7 @@ class Bridge:
             schedule_detach=self.reattach.schedule_detach,
             take_held=self.reattach.take_held,
             forget=self.reattach.forget,
+            opened=self._opened,
         )
         #: the agents' lives: start on demand, initialize, death, stop
         self.supervisor = Supervisor(
@@ -201,13 +205,25 @@ class Bridge:
             undo_forward=self.from_agent.undo_forward,
             approval_agent_gone=self.approvals.agent_gone,
             ask_type=Ask,
+            sessions_ended=self._sessions_ended,
         )
+        #: sub-agents: the bridge's MCP server and the children its tools open (_subagents)
+        self.subagents = Subagents(
+            hub,
+            ensure_ready=self.supervisor.ensure_ready,
+            internal_request=self.supervisor.internal_request,
+            open_session=self.from_agent.open_session,
+            settle_session=self.approvals.settle_session,
+            forget=self.reattach.forget,
+        )
+        hub.sessions.on_remove = self.subagents.removed
         self.cancel = Cancel(
             hub,
             not_delivered=hub.not_delivered,
             agent_response=self.from_agent.agent_response,
             send_log=self.logs.send_log,
             settle_session=self.approvals.settle_session,
+            cascade=self.subagents.cascade,
         )
         self.listing = Listing(
             hub, internal_request=self.supervisor.internal_request, reply_error=hub.reply_error
@@ -224,6 +240,7 @@ class Bridge:
             attach=self.reattach.attach,
             forget=self.reattach.forget,
             settle_permissions=self.cancel.settle_permissions,
+            offer=self.subagents.offer,
         )
         #: sessions from before a restart (stored), reused ids, loads of unknown sessions
         self.restore = Restore(
@@ -344,6 +361,17 @@ class Bridge:
         self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
     ) -> None:
         await self.restore.load_unknown(client, msg, params, sid)
+
+    # The approvals, the reverse requests and the relay are built before the sub-agents (which
+    # need them): these are looked up when called.
+    def _present(self, session: Session, client: ClientLink, params: JsonObject) -> JsonObject:
+        return self.subagents.present(session, client, params)
+
+    def _opened(self, entry: Forwarded, session: Session | None) -> None:
+        self.subagents.opened(entry, session)
+
+    def _sessions_ended(self, agent: AgentLink) -> None:
+        self.subagents.agent_gone(agent)
 
     async def _internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
         # (The reattach is built before the supervisor, which needs the relay, which needs

@@ -93,6 +93,9 @@ class FromAgent:
         schedule_detach: a session nobody owns lives ``detach_grace`` seconds more.
         take_held: answers held for a session while nobody was attached.
         forget: a closed (or deleted) session, in the store.
+        opened: told how a forwarded ``session/new``, ``load``, ``resume`` or ``fork`` ended
+            (its session, or None: it failed), with the entry (``extra``: what the
+            sub-agents service offered the agent in it).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class FromAgent:
         schedule_detach: Callable[[Session], None],
         take_held: Callable[[Session, float], list[bytes]],
         forget: Forget,
+        opened: Callable[[Forwarded, Session | None], None] | None = None,
     ) -> None:
         self._hub = hub
         # The hot path's objects, copied here: one attribute lookup each per update. (The
@@ -123,6 +127,7 @@ class FromAgent:
         self._schedule_detach = schedule_detach
         self._take_held = take_held
         self._forget = forget
+        self._opened = opened
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
         self._busy_readers = 0
 
@@ -211,6 +216,9 @@ class FromAgent:
         if self._tracer is not None:
             self._tracer(f"agent:{agent.name}", "in", line)
         data = self.record_update(session, msg, params, line)
+        watch = session.watch
+        if watch is not None and not watch(params):
+            return True  # a sub-agent's, which its client does not see
         if client is not None:
             if client.want_seq:
                 data = dumps(msg)
@@ -266,7 +274,7 @@ class FromAgent:
         assert type(params) is dict
         data = self.record_update(session, msg, params, line)
         client = session.client
-        if client is None:
+        if client is None or (session.watch is not None and not session.watch(params)):
             return
         if client.want_seq:
             data = dumps(msg)
@@ -325,6 +333,9 @@ class FromAgent:
         sid = params.get("sessionId")
         if isinstance(sid, str):
             session = self._sessions.find(agent.name, sid)
+            watch = session.watch if session is not None else None
+            if watch is not None and not watch({}):
+                return  # a sub-agent's, whose client does not see the child's session
             if session is not None and session.client is not None:
                 if session.rewrite:
                     params["sessionId"] = session.bridge_id
@@ -395,6 +406,50 @@ class FromAgent:
                 self._journal.follow(new, session.history)
         self._log.info("stored_session_moved", session=old, to=new, agent=session.agent)
 
+    def open_session(
+        self,
+        agent: AgentLink,
+        result: JsonObject,
+        client: ClientLink,
+        setup: Setup | None,
+        *,
+        parent: str | None = None,
+    ) -> tuple[Session, list[bytes]]:
+        """
+        A ``session/new`` (or fork) answer binds its session (``result`` names it; its id is
+        rewritten there if the bridge gave it another): registered, owned by ``client``,
+        recorded. Returns it with the updates the agent sent for it before the answer.
+        """
+        sid = result["sessionId"]
+        stale = self._sessions.find(agent.name, sid)
+        if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
+            # A restarted agent minted the id a session of its earlier life had: the
+            # new session is another one (its own history and journal).
+            self._sessions.release_agent_id(stale)
+        holder = self._sessions.get(sid)
+        if (
+            holder is not None
+            and holder.state is SessionState.STORED
+            and (holder.agent, holder.agent_id) == (agent.name, sid)
+        ):
+            # Stored (the bridge restarted), not live: it does not keep the new session
+            # from the agent's own id. (A stored session of another agent does: its
+            # agent may still restore it under that id.)
+            self._displace(holder)
+        new = self._sessions.register(agent.name, sid, client=client)
+        new.client = client
+        new.state = SessionState.ACTIVE
+        new.parent = parent
+        if setup is not None:
+            new.roots = setup.roots
+            new.unattended = setup.unattended
+        self._hub.history(new)
+        capture_setup(new, result)
+        self._hub.persist(new)
+        if new.rewrite:
+            result["sessionId"] = new.bridge_id
+        return new, take_early_updates(agent, new)
+
     def undo_forward(
         self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
     ) -> list[bytes]:
@@ -411,39 +466,19 @@ class FromAgent:
             if method == "session/new":
                 agent.new_in_flight = max(0, agent.new_in_flight - 1)
             if ok and isinstance(result, dict) and isinstance(result.get("sessionId"), str):
-                sid = result["sessionId"]
-                stale = self._sessions.find(agent.name, sid)
-                if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
-                    # A restarted agent minted the id a session of its earlier life had: the
-                    # new session is another one (its own history and journal).
-                    self._sessions.release_agent_id(stale)
-                holder = self._sessions.get(sid)
-                if (
-                    holder is not None
-                    and holder.state is SessionState.STORED
-                    and (holder.agent, holder.agent_id) == (agent.name, sid)
-                ):
-                    # Stored (the bridge restarted), not live: it does not keep the new session
-                    # from the agent's own id. (A stored session of another agent does: its
-                    # agent may still restore it under that id.)
-                    self._displace(holder)
-                new = self._sessions.register(agent.name, sid, client=client)
-                new.client = client
-                new.state = SessionState.ACTIVE
-                if isinstance(entry.context, Setup):
-                    new.roots = entry.context.roots
-                    new.unattended = entry.context.unattended
-                self._hub.history(new)
-                capture_setup(new, result)
-                self._hub.persist(new)
-                if new.rewrite:
-                    result["sessionId"] = new.bridge_id
-                early = take_early_updates(agent, new)
+                setup = entry.context if isinstance(entry.context, Setup) else None
+                new, early = self.open_session(agent, result, client, setup)
                 if client.closed:
                     # Its connection died before the answer came: nobody knows the session
                     # yet; it expires like any detached one unless someone takes it.
                     self._schedule_detach(new)
+                if self._opened is not None:
+                    self._opened(entry, new)
+            elif self._opened is not None:
+                self._opened(entry, None)
         elif method == "session/load" and session is not None:
+            if self._opened is not None:
+                self._opened(entry, session if ok else None)
             if ok:
                 session.state = SessionState.ACTIVE
                 session.client = client
@@ -456,6 +491,8 @@ class FromAgent:
                 # A load of an id the bridge did not know: nothing to go back to.
                 self._sessions.remove(session)
         elif method == "session/resume" and session is not None:
+            if self._opened is not None:
+                self._opened(entry, session if ok else None)
             if ok:
                 session.state = SessionState.ACTIVE
                 session.client = client

@@ -101,6 +101,7 @@ class Hub:
                     unattended=session.unattended,
                     state=state,
                     created=session.created,
+                    parent=session.parent,
                 )
             )
 

@@ -31,6 +31,8 @@ from acp_bridge._store import AuditRecord
 from acp_bridge._wire import well_formed_error
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from acp_bridge._approvals import Approvals
     from acp_bridge._hub import Hub
 
@@ -45,15 +47,24 @@ class Reverse:
     Args:
         hub: the shared state.
         approvals: where every ``session/request_permission`` is decided and settled.
+        present: how a sub-agent's request is shown to a client (``Subagents.present``).
     """
 
-    def __init__(self, hub: Hub, *, approvals: Approvals) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        approvals: Approvals,
+        present: Callable[[Session, ClientLink, JsonObject], JsonObject] | None = None,
+    ) -> None:
         self._hub = hub
         self._sessions = hub.sessions
         self._config = hub.config
         self._audit = hub.audit
         self._log = hub.log
         self._approvals = approvals
+        #: how a request is put to a client (a sub-agent's: maybe on its root's session)
+        self._present = present
 
     async def agent_withdrew(self, agent: AgentLink, request_id: JsonRpcId) -> None:
         """
@@ -169,6 +180,8 @@ class Reverse:
         msg["id"] = client_id
         if session.rewrite:
             params["sessionId"] = session.bridge_id
+        if self._present is not None and session.parent is not None:
+            msg["params"] = self._present(session, client, params)
         await client.send(dumps(msg))
 
     def requests_waiting(self, agent: AgentLink) -> int:

@@ -68,8 +68,9 @@ class SessionRequests:
     Takes from the other groups (wired by the Bridge): ``ensure_ready`` (start the agent),
     ``undo_forward`` (the pending entry's bookkeeping), ``load_unknown``, ``stored_request``,
     ``reused_request``, ``reattach``, ``attach``, ``forget`` (sessions coming and going),
-    ``settle_permissions`` (a closed session's open approvals) and
-    ``strip_unsupported_setup`` (what the agent did not advertise).
+    ``settle_permissions`` (a closed session's open approvals),
+    ``strip_unsupported_setup`` (what the agent did not advertise) and ``offer`` (the
+    bridge's MCP server added to a session being opened: ``Subagents.offer``).
     """
 
     def __init__(
@@ -87,6 +88,8 @@ class SessionRequests:
         attach: Callable[[Session, ClientLink], Awaitable[None]],
         forget: Forget,
         settle_permissions: Callable[[Session, str, str], Awaitable[None]],
+        offer: Callable[[AgentLink, str, JsonObject, Session | None], Awaitable[object]]
+        | None = None,
     ) -> None:
         self._hub = hub
         self._reply_error = hub.reply_error
@@ -101,6 +104,7 @@ class SessionRequests:
         self._attach = attach
         self._forget = forget
         self._settle_permissions = settle_permissions
+        self._offer = offer
 
     async def request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """
@@ -128,6 +132,11 @@ class SessionRequests:
                 await client.send(dumps(result_msg(msg["id"], {})))  # unknown: silently fine
                 return
             raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
+        if session.parent is not None:
+            # The subagents RFD: a client does not drive a child; its parent does.
+            raise JsonRpcError.invalid_params(
+                f"session {sid!r} is a sub-agent of {session.parent!r}: its parent drives it"
+            )
         owner = session.client
         elsewhere = owner is not None and owner is not client and not owner.closed
         if elsewhere and method not in ("session/load", "session/resume"):
@@ -239,6 +248,9 @@ class SessionRequests:
         """
         origin_id = msg["id"]
         entry = Forwarded(client, origin_id, msg["method"], session, context)
+        if self._offer is not None:
+            # The bridge's own MCP server, offered to the session being opened (docs/subagents)
+            entry.extra = await self._offer(agent, msg["method"], params_of(msg), session)
         bridge_id = agent.pending.add(entry)
         msg["id"] = bridge_id
         remote.map_to_agent(agent.config, msg["method"], params_of(msg))

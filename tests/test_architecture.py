@@ -46,6 +46,7 @@ PURE: tuple[str, ...] = (
     "_demo_script",
     "_mcp_tools",
     "_mcp_core",
+    "_subagent_core",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio_websocket
 
+from tests.peers import npm
 from tests.test_e2e import DEMO, BridgeProcess, _reap
 
 if TYPE_CHECKING:
@@ -33,10 +34,13 @@ async def start_stdio(
     *agents: str,
     config: Path | None = None,
     caps: dict[str, Any] | None = None,
+    trace: Path | None = None,
 ) -> BridgeProcess:
     argv = [sys.executable, "-m", "acp_bridge", "stdio"]
     if config is not None:
         argv += ["--config", str(config)]
+    if trace is not None:
+        argv += ["--trace", str(trace)]
     for agent in agents:
         argv += ["--agent", agent]
     proc = await trio.lowlevel.open_process(
@@ -300,3 +304,53 @@ async def _ws_session(port: int, token: str, tmp_path: Path) -> tuple[str, list[
         await ws.aclose()
         ws_nursery.cancel_scope.cancel()
     return sid, messages
+
+
+def _codex_acp() -> str:
+    """The pinned codex-acp's executable, if it can run on this machine (else a skip)."""
+    path = npm.npm_peer_bin("@zed-industries/codex-acp", "codex-acp")
+    try:
+        probe = subprocess.run([str(path), "--help"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"codex-acp {path} cannot run here: {exc}")
+    if probe.returncode != 0:
+        tail = (probe.stderr or probe.stdout).decode(errors="replace").strip()[-300:]
+        pytest.skip(f"codex-acp cannot run here (exit {probe.returncode}): {tail}")
+    return str(path)
+
+
+async def test_codex_acp_takes_the_injected_http_server_in_session_new(tmp_path):
+    """A real agent accepts the bridge's server: its session/new answers without error. It
+    needs an API key variable to open a session (a fake one: no model is called here)."""
+    codex = _codex_acp()
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    config = tmp_path / "bridge.toml"
+    env = {"OPENAI_API_KEY": "sk-not-a-real-key-for-tests", "CODEX_HOME": str(home)}
+    config.write_text(
+        f"[agents.codex]\ncommand = {json.dumps(codex)}\nstart_timeout = 60.0\n"
+        f"env = {{ {', '.join(f'{k} = {json.dumps(v)}' for k, v in env.items())} }}\n"
+        "[store]\npath = ':memory:'\n"
+    )
+    trace = tmp_path / "trace.jsonl"
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            bridge = await start_stdio(nursery, config=config, trace=trace)
+            auth = await bridge.call("authenticate", {"methodId": "openai-api-key"})
+            assert "result" in auth, auth
+            new = {"cwd": str(tmp_path), "mcpServers": []}
+            answer = await bridge.call("session/new", new)
+            assert "error" not in answer, answer
+            assert isinstance(answer["result"]["sessionId"], str)
+            await end(bridge)
+    sent = [
+        record["msg"]
+        for record in map(json.loads, trace.read_text().splitlines())
+        if record.get("link") == "agent:codex"
+        and record.get("dir") == "out"
+        and record.get("msg", {}).get("method") == "session/new"
+    ]
+    [server] = sent[0]["params"]["mcpServers"]
+    assert server["type"] == "http"
+    assert server["name"] == "acp-bridge"
+    assert server["headers"] == [{"name": "Authorization", "value": "***"}]  # (redacted)

@@ -7,6 +7,8 @@ real loopback HTTP, through the same relay ``acp-bridge mcp`` runs).
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -15,6 +17,7 @@ import trio
 from acp_bridge._config import SubagentsConfig
 from acp_bridge._demo_mcp import McpClient, McpError, connect, find_entry
 from acp_bridge._policy import Action, Policy, Rule
+from acp_bridge._status import format_status, session_tree
 from tests.fakes import FakeAgent, open_bridge
 
 if TYPE_CHECKING:
@@ -309,3 +312,59 @@ async def test_wait_agents_and_prompt_agent_drive_a_child_without_waiting():
                 closed = await mcp.call_tool("close_agent", {"child": child})
                 assert closed["structuredContent"]["state"] == "closed"
             assert "c1" not in fakes["b"].sessions  # closed at its agent
+
+
+async def test_status_shows_the_tree_of_parents_and_children():
+    fakes = agents()
+    async with open_bridge(fakes) as (client, bridge):
+        with trio.fail_after(TIMEOUT):
+            parent = await client.new_session()
+            async with mcp_of(fakes["a"]) as mcp:
+                child = (await spawn(mcp, "count 1"))["structuredContent"]["child"]
+            other = await client.new_session()
+            status = bridge.status()
+    by_id = {s["sessionId"]: s for s in status["sessions"]}
+    assert by_id[child]["parent"] == parent
+    assert by_id[parent]["parent"] is None
+    lines = format_status(status).splitlines()
+    start = lines.index("sessions (3):")
+    assert [line.split()[0:2] for line in lines[start + 1 : start + 4]] == [
+        [parent, "agent"],
+        ["└", child],
+        [other, "agent"],
+    ]
+
+
+def test_the_sessions_command_lists_children_under_their_parents(capsys):
+    from acp_bridge._cli import main
+    from acp_bridge._config import default_state_dir
+    from acp_bridge._store import SessionRow, open_store
+
+    store = open_store(str(default_state_dir() / "bridge.db"))
+    store.write(
+        sessions=[
+            SessionRow("s1", "demo", "s1", roots=("/w",), created=1.0),
+            SessionRow("c1", "helper", "c1", roots=("/w",), created=2.0, parent="g1"),
+            SessionRow("s2", "demo", "s2", roots=("/w",), created=3.0),
+            SessionRow("g1", "helper", "g1", roots=("/w",), created=4.0, parent="s1"),
+        ]
+    )
+    store.close()
+    assert main(["sessions"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    names = [re.match(r"\s*(└ )?\S+", line)[0] for line in out]  # type: ignore[index]
+    assert names == ["s1", "└ g1", "  └ c1", "s2"]
+    assert main(["sessions", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["sessionId"], r["parent"]) for r in rows] == [
+        ("s1", None),
+        ("g1", "s1"),
+        ("c1", "g1"),
+        ("s2", None),
+    ]
+
+
+def test_a_tree_whose_parents_go_round_loses_no_session():
+    rows = [("a", "b"), ("b", "a"), ("c", None)]
+    order = session_tree(rows, lambda r: r[0], lambda r: r[1])
+    assert sorted(r[0] for _, r in order) == ["a", "b", "c"]

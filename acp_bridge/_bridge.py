@@ -253,6 +253,7 @@ class Bridge:
             attach=self.reattach.attach,
             replay_journal=self.reattach.replay_journal,
             forget=self.reattach.forget,
+            offer=self.subagents.offer_bound,
         )
         self.log = logger
         #: every line a client sends (the transports call handle_client_line)

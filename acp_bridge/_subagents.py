@@ -158,6 +158,13 @@ class Subagents:
         kept = [s for s in servers if _not_ours(s)] if isinstance(servers, list) else []
         params["mcpServers"] = [*kept, self.endpoint.server_entry(token, http=http)]
 
+    async def offer_bound(self, agent: AgentLink, params: JsonObject, session: Session) -> None:
+        """A load of the bridge's own (a session restored after a restart): offered, bound."""
+        offer = await self.offer(agent, "session/load", params, session)
+        if offer is not None:
+            self.endpoint.revoke_session(session.bridge_id)  # (one token per session: bounded)
+            self.endpoint.bind(offer.token, session.bridge_id)
+
     def opened(self, entry: Forwarded, session: Session | None) -> None:
         """A forwarded request that was offered the server ended: its token bound, or gone."""
         offer = entry.extra
@@ -166,6 +173,9 @@ class Subagents:
         if session is None:
             self.endpoint.revoke(offer.token)
             return
+        if entry.method in ("session/load", "session/resume"):
+            # The agent took the session up again with the new entry: the older go.
+            self.endpoint.revoke_session(session.bridge_id)
         try:
             self.endpoint.bind(offer.token, session.bridge_id)
         except (KeyError, ValueError):

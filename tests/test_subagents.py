@@ -368,3 +368,26 @@ def test_a_tree_whose_parents_go_round_loses_no_session():
     rows = [("a", "b"), ("b", "a"), ("c", None)]
     order = session_tree(rows, lambda r: r[0], lambda r: r[1])
     assert sorted(r[0] for _, r in order) == ["a", "b", "c"]
+
+
+async def test_a_load_the_agent_serves_is_offered_the_server_bound_to_that_session():
+    fakes = agents()
+    async with open_bridge(fakes) as (client, bridge):
+        with trio.fail_after(TIMEOUT):
+            await client.new_session()
+            fakes["a"].sessions.append("s7")  # one the bridge never saw: the agent loads it
+            await client.call("session/load", {"sessionId": "s7", "cwd": "/w", "mcpServers": []})
+            [load] = [m for m in fakes["a"].received if m.get("method") == "session/load"]
+            server = find_entry(load["params"]["mcpServers"])
+            assert server is not None
+            token = server["headers"][0]["value"].removeprefix("Bearer ")
+            grant = bridge.subagents.endpoint.tokens.check(token)
+            assert grant is not None
+            assert grant.session == "s7"
+            # A load the agent refuses leaves no token behind.
+            before = len(bridge.subagents.endpoint.tokens)
+            answer = await client.request(
+                "session/load", {"sessionId": "s8", "cwd": "/w", "mcpServers": []}
+            )
+            assert "error" in answer
+            assert len(bridge.subagents.endpoint.tokens) == before

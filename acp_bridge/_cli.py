@@ -407,8 +407,7 @@ def _sessions(config: Config, action: str, session_id: str | None, *, as_json: b
                 cwd = row.roots[0] if row.roots else "-"
                 name = "  " * (depth - 1) + "└ " + row.bridge_id if depth else row.bridge_id
                 print(
-                    f"{name}  {row.agent:12}  {row.state:7}  {when}  "
-                    f"updates {first}..{last}  {cwd}"
+                    f"{name}  {row.agent:12}  {row.state:7}  {when}  updates {first}..{last}  {cwd}"
                 )
         return 0
     finally:

@@ -292,7 +292,7 @@ class Subagents:
         child = Child(session.bridge_id, caller, agent, depth + 1, where)
         self.tree.add(child)
         session.watch = functools.partial(self._watch, child)
-        await self._tell_parent(child, subagent_update(child, prompt=prompt, state=IDLE))
+        await self._tell_parent(child, subagent_update(child, prompt=prompt))
         logger.info("subagent_spawned", parent=caller, child=child.id, agent=agent)
         return await self._turn(child, session, prompt, wait)
 

@@ -209,11 +209,18 @@ class Desk:
 
 
 def rule_on(
-    policy: Policy, req: PermissionRequest, session: Session, agent: str, *, attended: bool
+    policy: Policy,
+    req: PermissionRequest,
+    session: Session,
+    agent: str,
+    *,
+    parent: str | None,
+    attended: bool,
 ) -> tuple[JsonObject, str, str | None] | None:
     """
     What the bridge answers a permission request without a human, as (outcome, audit source,
-    detail), or None: a human must be asked (the attached client, or the console).
+    detail), or None: a human must be asked (the attached client, or the console). ``parent``:
+    the agent of the session that spawned this one (a sub-agent's), for rules that match it.
     """
     hit = _deny_paths_hit(req, session, policy.deny_paths)
     if hit is not None:
@@ -221,7 +228,7 @@ def rule_on(
         # (the agent may open it itself, past the bridge's file containment).
         return _selected(_reject_option(req.options)), "deny_paths", hit
     nobody = (not attended or session.unattended) and policy.unattended != "console"
-    decision = decide(req, policy, agent)
+    decision = decide(req, policy, agent, parent)
     if decision.action is not Action.ASK:
         option = choose_option(decision, req.options)
         if option is not None:
@@ -254,6 +261,7 @@ class Approvals:
         deadlines: Deadlines,
         journal: Journal | None,
         send_log: SendLog,
+        present: Callable[[Session, ClientLink, JsonObject], JsonObject] | None = None,
     ) -> None:
         self.policy = policy
         self.audit = audit
@@ -261,6 +269,8 @@ class Approvals:
         self._deadlines = deadlines
         self._journal = journal
         self._send_log = send_log
+        #: how a request is put to a client (a sub-agent's: maybe on its root's session)
+        self._present = present
         #: per client: ids of permission requests already settled (late answers are refused)
         self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
         #: decisions by "<decision>:<source>" (for metrics)
@@ -276,10 +286,18 @@ class Approvals:
         """An agent asks: decide by rule, deny when unattended, or ask the attached human."""
         agent_id = msg["id"]
         req = PermissionRequest.from_params(params)
+        parent = self._sessions.get(session.parent) if session.parent is not None else None
         client = session.client if session.client is not None else None
         if client is not None and client.closed:
             client = None
-        ruling = rule_on(self.policy, req, session, agent.name, attended=client is not None)
+        ruling = rule_on(
+            self.policy,
+            req,
+            session,
+            agent.name,
+            parent=parent.agent if parent else None,
+            attended=client is not None,
+        )
         if ruling is not None:
             outcome, source, detail = ruling
             await self._answer(agent, agent_id, outcome, req, session, source=source, detail=detail)
@@ -324,24 +342,12 @@ class Approvals:
         await self.show(entry, owner)
 
     async def over_limit(
-        self,
-        agent: AgentLink,
-        agent_id: JsonRpcId,
-        params: JsonObject,
-        session: Session,
-        detail: str,
+        self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session, why: str
     ) -> None:
         """Too many of the agent's requests wait already (``max_agent_requests``): cancelled."""
         req = PermissionRequest.from_params(params)
-        await self._answer(
-            agent,
-            agent_id,
-            _selected(None),
-            req,
-            session,
-            source="max_agent_requests",
-            detail=detail,
-        )
+        cancelled, source = _selected(None), "max_agent_requests"
+        await self._answer(agent, msg["id"], cancelled, req, session, source=source, detail=why)
 
     async def show(self, entry: Forwarded, client: ClientLink, *, note: str | None = None) -> None:
         """Put a request to a client (first time, after a reattach, or asked again)."""
@@ -358,6 +364,8 @@ class Approvals:
         session.pending_permissions.add(client_id)
         params = dict(entry.context)
         params["sessionId"] = session.bridge_id
+        if self._present is not None:
+            params = self._present(session, client, params)
         if note is not None:
             meta = dict(params.get("_meta") or {})
             meta["acp_bridge"] = {**(meta.get("acp_bridge") or {}), "note": note}

@@ -50,12 +50,14 @@ from acp_bridge._redact import Redactor
 from acp_bridge._restore import Restore
 from acp_bridge._reverse import Reverse
 from acp_bridge._routing import (
+    Forwarded,
     History,
     Session,
     SessionState,
     SessionTable,
 )
 from acp_bridge._session_requests import SessionRequests
+from acp_bridge._subagents import Subagents
 from acp_bridge._supervisor import Supervisor
 from acp_bridge._v2_face import V2Gate
 
@@ -168,9 +170,10 @@ class Bridge:
             deadlines=hub.deadlines,
             journal=journal,
             send_log=self.logs.send_log,
+            present=self._present,
         )
         #: agent → client requests: gates, containment, the approvals, the answers back
-        self.reverse = Reverse(hub, approvals=self.approvals)
+        self.reverse = Reverse(hub, approvals=self.approvals, present=self._present)
         #: sessions coming and going: detach, expire, forget, attach, reattach with replay
         self.reattach = Reattach(
             hub,
@@ -187,13 +190,14 @@ class Bridge:
             read_chunk=READ_CHUNK,
             agent_log=self.logs.agent_log,
             agent_request=self.reverse.agent_request,
-            agent_withdrew=self.reverse.agent_withdrew,
+            agent_notification=self.reverse.agent_notification,
             schedule_detach=self.reattach.schedule_detach,
             take_held=self.reattach.take_held,
             forget=self.reattach.forget,
             close_session=self.reattach.close_session,
             take_ownership=self.reattach.take_ownership,
             present_parked=self.reattach.present_parked,
+            opened=self._opened,
         )
         #: the agents' lives: start on demand, initialize, death, stop
         self.supervisor = Supervisor(
@@ -205,13 +209,25 @@ class Bridge:
             undo_forward=self.from_agent.undo_forward,
             approval_agent_gone=self.approvals.agent_gone,
             ask_type=Ask,
+            sessions_ended=self._sessions_ended,
         )
+        #: sub-agents: the bridge's MCP server and the children its tools open (_subagents)
+        self.subagents = Subagents(
+            hub,
+            ensure_ready=self.supervisor.ensure_ready,
+            internal_request=self.supervisor.internal_request,
+            open_session=self.from_agent.open_session,
+            settle_session=self.approvals.settle_session,
+            forget=self.reattach.forget,
+        )
+        hub.sessions.on_remove = self.subagents.removed
         self.cancel = Cancel(
             hub,
             not_delivered=hub.not_delivered,
             agent_response=self.from_agent.agent_response,
             send_log=self.logs.send_log,
             settle_session=self.approvals.settle_session,
+            cascade=self.subagents.cascade,
         )
         self.listing = Listing(
             hub, internal_request=self.supervisor.internal_request, reply_error=hub.reply_error
@@ -228,6 +244,7 @@ class Bridge:
             attach=self.reattach.attach,
             close_session=self.reattach.close_session,
             settle_permissions=self.cancel.settle_permissions,
+            offer=self.subagents.offer,
         )
         #: sessions from before a restart (stored), reused ids, loads of unknown sessions
         self.restore = Restore(
@@ -241,6 +258,7 @@ class Bridge:
             attach=self.reattach.attach,
             replay_journal=self.reattach.replay_journal,
             close_session=self.reattach.close_session,
+            offer=self.subagents.offer_bound,
         )
         self.log = logger
         #: every line a client sends (the transports call handle_client_line)
@@ -350,6 +368,17 @@ class Bridge:
         self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
     ) -> None:
         await self.restore.load_unknown(client, msg, params, sid)
+
+    # The approvals, the reverse requests and the relay are built before the sub-agents (which
+    # need them): these are looked up when called.
+    def _present(self, session: Session, client: ClientLink, params: JsonObject) -> JsonObject:
+        return self.subagents.present(session, client, params)
+
+    def _opened(self, entry: Forwarded, session: Session | None) -> None:
+        self.subagents.opened(entry, session)
+
+    def _sessions_ended(self, agent: AgentLink) -> None:
+        self.subagents.agent_gone(agent)
 
     async def _internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
         # (The reattach is built before the supervisor, which needs the relay, which needs

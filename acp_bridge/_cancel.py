@@ -38,6 +38,7 @@ class Cancel:
         agent_response: Callable[[AgentLink, JsonObject], Awaitable[None]],
         send_log: Callable[..., Awaitable[None]],
         settle_session: Callable[[Session, str], Awaitable[None]],
+        cascade: Callable[[Session], None] | None = None,
     ) -> None:
         """
         Args:
@@ -46,12 +47,14 @@ class Cancel:
             agent_response: handles a response as if the agent had sent it.
             send_log: a ``_acp_bridge/log`` notification to one client.
             settle_session: answers every pending permission request of a session.
+            cascade: cancels the session's running sub-agents (``Subagents.cascade``).
         """
         self._hub = hub
         self._not_delivered = not_delivered
         self._agent_response = agent_response
         self._send_log = send_log
         self._settle_session = settle_session
+        self._cascade = cascade
 
     async def cancel_session(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         hub = self._hub
@@ -60,6 +63,9 @@ class Cancel:
         if session is None or session.client not in (client, None):
             return  # unknown, or not this connection's to cancel
         agent = hub.agents[session.agent]
+        if self._cascade is not None:
+            # (First: the parent's tool calls get their children's cancelled turns.)
+            self._cascade(session)
         if session.rewrite:
             params["sessionId"] = session.agent_id
         if not agent.send_nowait(dumps(msg)):

@@ -388,6 +388,7 @@ def _sessions(config: Config, action: str, session_id: str | None, *, as_json: b
     import json
     import time
 
+    from acp_bridge._status import session_tree
     from acp_bridge._store import open_store
 
     store = open_store(config.store.resolved_path())
@@ -403,7 +404,8 @@ def _sessions(config: Config, action: str, session_id: str | None, *, as_json: b
             for entry in store.journal(session_id):
                 sys.stdout.write(entry.data.decode("utf-8"))
             return 0
-        for row in rows:
+        # Sub-agents under their parents (docs/subagents.md).
+        for depth, row in session_tree(rows, lambda r: r.bridge_id, lambda r: r.parent):
             first, last = store.journal_bounds(row.bridge_id)
             if as_json:
                 record = {
@@ -412,6 +414,7 @@ def _sessions(config: Config, action: str, session_id: str | None, *, as_json: b
                     "agentSessionId": row.agent_id,
                     "cwd": row.roots[0] if row.roots else None,
                     "state": row.state,
+                    "parent": row.parent,
                     "created": row.created,
                     "journal": {"first": first, "last": last},
                 }
@@ -419,9 +422,9 @@ def _sessions(config: Config, action: str, session_id: str | None, *, as_json: b
             else:
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.created))
                 cwd = row.roots[0] if row.roots else "-"
+                name = "  " * (depth - 1) + "└ " + row.bridge_id if depth else row.bridge_id
                 print(
-                    f"{row.bridge_id}  {row.agent:12}  {row.state:7}  {when}  "
-                    f"updates {first}..{last}  {cwd}"
+                    f"{name}  {row.agent:12}  {row.state:7}  {when}  updates {first}..{last}  {cwd}"
                 )
         return 0
     finally:

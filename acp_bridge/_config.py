@@ -46,6 +46,7 @@ __all__ = [
     "ConfigError",
     "SshConfig",
     "StoreConfig",
+    "SubagentsConfig",
     "WebSocketConfig",
     "config_from_agent_specs",
     "default_state_dir",
@@ -252,6 +253,25 @@ class StoreConfig:
 
 
 @attrs.frozen
+class SubagentsConfig:
+    """
+    The ``[subagents]`` table: agents starting sessions on other agents (docs/subagents.md).
+
+    Attributes:
+        enabled: offer the bridge's ``acp-bridge`` MCP server to every agent session.
+        max_depth: how deep a tree of sessions may grow: a session at this depth (a client's
+            session is at 0) is offered no ``spawn_agent``.
+        max_children: children one session may have open at once (more: a tool error).
+        agents: globs of the agents a parent may spawn.
+    """
+
+    enabled: bool = True
+    max_depth: int = 2
+    max_children: int = 8
+    agents: tuple[str, ...] = ("*",)
+
+
+@attrs.frozen
 class Config:
     """
     The whole configuration.
@@ -262,6 +282,7 @@ class Config:
         websocket: ``[websocket]``.
         policy: ``[policy]``.
         store: ``[store]``.
+        subagents: ``[subagents]``.
         source: where it came from, for messages (not a TOML key).
     """
 
@@ -270,6 +291,7 @@ class Config:
     websocket: WebSocketConfig = WebSocketConfig()
     policy: Policy = attrs.field(factory=Policy)
     store: StoreConfig = StoreConfig()
+    subagents: SubagentsConfig = SubagentsConfig()
     source: str = "<config>"
 
     @property
@@ -584,6 +606,8 @@ def _check(config: Config) -> list[str]:
     need(config.store.path != "", "store.path", "must not be empty")
     need(config.store.journal_keep >= 1, "store.journal_keep", "must be at least 1")
     need(config.store.journal_days >= 0, "store.journal_days", "must not be negative")
+    need(config.subagents.max_depth >= 0, "subagents.max_depth", "must not be negative")
+    need(config.subagents.max_children >= 1, "subagents.max_children", "must be at least 1")
     return problems
 
 

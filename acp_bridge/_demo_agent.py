@@ -25,6 +25,7 @@ import attrs
 import structlog
 import trio
 
+from acp_bridge._demo_mcp import McpError, connect, find_entry
 from acp_bridge._demo_script import (
     ALLOW_ALWAYS,
     ALLOW_ONCE,
@@ -36,6 +37,7 @@ from acp_bridge._demo_script import (
     PERMISSION_OPTIONS,
     STYLES,
     Count,
+    Delegate,
     DemoOptions,
     Echo,
     Entry,
@@ -83,7 +85,8 @@ from acp_bridge._jsonrpc import (
 from acp_bridge._log import configure_logging
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable, Mapping
+    from typing import Any
 
 logger = structlog.get_logger(__name__)
 
@@ -136,6 +139,8 @@ class _Session:
     always_allow_writes: bool = False
     tool_calls: int = 0
     turn: _Turn | None = None
+    #: the bridge's ``acp-bridge`` MCP server entry from session/new (None: not given one)
+    mcp: Mapping[str, Any] | None = None
 
     def next_tool_call_id(self) -> str:
         self.tool_calls += 1
@@ -370,6 +375,7 @@ class _DemoAgent:
         session_id = f"{self.options.session_prefix}{self._run}-{self._minted}"
         history = collections.deque[Entry](maxlen=self.options.max_history)
         session = self._sessions[session_id] = _Session(session_id, cwd, history)
+        session.mcp = find_entry(params.get("mcpServers"))
         self._log.info("session_created", session_id=session_id)
         commands = {"sessionUpdate": "available_commands_update", "availableCommands": COMMANDS}
         note = notification("session/update", {"sessionId": session_id, "update": commands})
@@ -379,6 +385,7 @@ class _DemoAgent:
     async def _load_session(self, params: JsonObject) -> _Reply:
         session = self._session(params)
         session.cwd = cwd_param(params)
+        session.mcp = find_entry(params.get("mcpServers")) or session.mcp
         for entry in list(session.history):
             kind = "user_message_chunk" if entry.role == "user" else "agent_message_chunk"
             await self.update(session, {"sessionUpdate": kind, "content": text_block(entry.text)})
@@ -387,6 +394,7 @@ class _DemoAgent:
     async def _resume_session(self, params: JsonObject) -> _Reply:
         session = self._session(params)
         session.cwd = cwd_param(params)
+        session.mcp = find_entry(params.get("mcpServers")) or session.mcp
         return _Reply(session.setup_result())
 
     async def _close_session(self, params: JsonObject) -> _Reply:
@@ -500,6 +508,8 @@ class _Play:
             case ShowEnv(name):
                 await self._say(env_line(name, os.environ))
                 return END_TURN
+            case Delegate(agent, task):
+                return await self._delegate(agent, task)
             case unreachable:
                 assert_never(unreachable)
 
@@ -521,6 +531,35 @@ class _Play:
         await self._say(f"{said} {text}")
         await self._update(plan_update("completed"))
         return END_TURN
+
+    async def _delegate(self, agent: str, task: str) -> StopReason:
+        """
+        ``spawn_agent`` through the MCP server the session was given; the child's text is
+        streamed as this turn's. A ``session/cancel`` meanwhile does not cut the call: the
+        bridge cancels the child, and its ``cancelled`` turn answers the call.
+        """
+        if self.session.mcp is None:
+            await self._say("No acp-bridge MCP server was given to this session.")
+            return END_TURN
+        await self._say(f"Delegating to {agent}:")
+        self.turn.awaiting_client = True
+        try:
+            async with connect(self.session.mcp) as mcp:
+                result = await mcp.call_tool("spawn_agent", {"agent": agent, "prompt": task})
+        except McpError as exc:
+            await self._say(f"[delegation failed: {exc}]")
+            return END_TURN
+        finally:
+            self.turn.awaiting_client = False
+        status = result.get("structuredContent")
+        if result.get("isError") or not isinstance(status, dict):
+            content = result.get("content") or [{}]
+            await self._say(f"[{agent} could not help: {content[0].get('text', '?')}]")
+        else:
+            await self._stream([f"\n[{agent} ({status.get('child')}): "])
+            await self._stream([status.get("text") or ""])
+            await self._stream([f"] ({status.get('stopReason')})"])
+        return CANCELLED if self.turn.cancel_requested else END_TURN
 
     async def _tool_status(self, call_id: str, status: str) -> None:
         update = {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status}

@@ -11,6 +11,9 @@ text (see :func:`parse_script`):
 - ``read FILE``: ``fs/read_text_file`` if the client advertised ``fs.readTextFile``, then stream
   the content back.
 - ``count N`` / ``slow``: stream N (``slow``: 50) numbered chunks, ``chunk_delay`` apart.
+- ``delegate AGENT: TEXT`` (only at the start of a prompt): call the bridge's ``spawn_agent``
+  tool (the ``acp-bridge`` MCP server its ``session/new`` gave it, http or stdio) to start a
+  sub-agent on AGENT with TEXT, and stream the child's answer (docs/subagents.md).
 - ``env NAME``: stream ``NAME=VALUE`` of the agent's environment (``NAME is not set``; a
   secret-looking name, as :data:`acp_bridge._redact.SECRET_NAME` sees them, shows ``***``): where
   it runs, e.g. ``SSH_CONNECTION`` over ssh.
@@ -98,6 +101,7 @@ class DemoOptions:
         max_sessions: open sessions at most; ``session/new`` fails beyond that.
         max_history: history entries kept per session (oldest dropped first); a ``session/load``
             replays only what is kept.
+        mcp_http: advertise ``mcpCapabilities.http`` (else it is given stdio MCP servers).
     """
 
     chunk_delay: float = attrs.field(default=DEFAULT_CHUNK_DELAY, validator=attrs.validators.ge(0))
@@ -107,6 +111,7 @@ class DemoOptions:
     load_session: bool = True
     max_sessions: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
     max_history: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
+    mcp_http: bool = True
 
 
 # -- What a prompt asks for ----------------------------------------------------------------------
@@ -145,13 +150,23 @@ class Fail:
 
 
 @attrs.frozen
+class Delegate:
+    """Start a sub-agent on ``agent`` with ``text`` through the bridge's MCP tools."""
+
+    agent: str
+    text: str
+
+
+@attrs.frozen
 class ShowEnv:
     """Stream ``NAME=VALUE`` of the agent's own environment."""
 
     name: str
 
 
-Script: TypeAlias = Echo | WriteFile | ReadFile | Count | Fail | ShowEnv
+Script: TypeAlias = Echo | WriteFile | ReadFile | Count | Fail | ShowEnv | Delegate
+
+_DELEGATE_RE: Final = re.compile(r"\s*delegate\s+([A-Za-z0-9_.-]+)\s*:\s*(.*)", re.I | re.S)
 
 _FAIL_RE: Final = re.compile(r"\bfail\b", re.IGNORECASE)
 # One separator character after FILE is dropped, so "write a.txt\nline" writes "line".
@@ -164,7 +179,9 @@ _ENV_RE: Final = re.compile(r"\benv\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 
 def parse_script(text: str) -> Script:
     """Decide what a prompt asks for; the first keyword in this order wins: fail, write, read,
-    count, slow, env."""
+    count, slow, env; ``delegate`` (at the start) before them all: its text is the child's."""
+    if m := _DELEGATE_RE.match(text):
+        return Delegate(m[1], m[2].strip())
     if _FAIL_RE.search(text):
         return Fail()
     if m := _WRITE_RE.search(text):
@@ -268,6 +285,7 @@ def initialize_result(options: DemoOptions) -> JsonObject:
             "loadSession": options.load_session,
             "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
             "sessionCapabilities": {"list": {}, "close": {}, "resume": {}},
+            "mcpCapabilities": {"http": options.mcp_http, "sse": False},
         },
         "agentInfo": {
             "name": options.name,
@@ -341,6 +359,7 @@ prompt keywords (case-insensitive, first match wins):
   count N            stream N numbered chunks
   slow               stream 50 numbered chunks
   env NAME           NAME=VALUE of the agent's environment (secret-looking names: ***)
+  delegate AGENT: TEXT  (first) start a sub-agent on AGENT through the bridge's MCP tools
   anything else      echo "You said: ..." word by word
 """
 
@@ -376,6 +395,12 @@ def _arg_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not advertise or serve session/load",
     )
+    parser.add_argument(
+        "--no-mcp-http",
+        dest="mcp_http",
+        action="store_false",
+        help="do not advertise mcpCapabilities.http (MCP servers come as stdio commands)",
+    )
     return parser
 
 
@@ -387,4 +412,5 @@ def parse_demo_args(argv: list[str]) -> DemoOptions:
         name=ns.name,
         session_prefix=ns.session_prefix,
         load_session=ns.load_session,
+        mcp_http=ns.mcp_http,
     )

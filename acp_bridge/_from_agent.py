@@ -21,12 +21,10 @@ from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
     JsonObject,
     JsonRpcError,
-    JsonRpcId,
     Kind,
     classify,
     dumps,
     loads,
-    params_of,
     rewrite_session_id,
 )
 from acp_bridge._jsonrpc import error as error_msg
@@ -42,7 +40,7 @@ from acp_bridge._routing import (
     capture_setup,
     track_setup,
 )
-from acp_bridge._wire import id_of, is_id, set_seq, well_formed_error
+from acp_bridge._wire import id_of, set_seq, well_formed_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -89,10 +87,14 @@ class FromAgent:
         read_chunk: bytes asked of an agent's stdout per read.
         agent_log: a diagnostic about an agent to its clients.
         agent_request: an agent's own request of a client (routed, gated, contained).
-        agent_withdrew: the agent withdrew (``$/cancel_request``) one of its requests.
+        agent_notification: an agent's notification other than ``session/update`` (a withdrawn
+            request, an elicitation's end, an extension's), to the client it concerns.
         schedule_detach: a session nobody owns lives ``detach_grace`` seconds more.
         take_held: answers held for a session while nobody was attached.
         forget: a closed (or deleted) session, in the store.
+        opened: told how a forwarded ``session/new``, ``load``, ``resume`` or ``fork`` ended
+            (its session, or None: it failed), with the entry (``extra``: what the
+            sub-agents service offered the agent in it).
     """
 
     def __init__(
@@ -102,13 +104,14 @@ class FromAgent:
         read_chunk: int,
         agent_log: AgentLog,
         agent_request: Callable[[AgentLink, JsonObject], Awaitable[None]],
-        agent_withdrew: Callable[[AgentLink, JsonRpcId], Awaitable[None]],
+        agent_notification: Callable[[AgentLink, JsonObject], Awaitable[None]],
         schedule_detach: Callable[[Session], None],
         take_held: Callable[[Session, float], list[bytes]],
         forget: Forget,
         close_session: Forget,
         take_ownership: Callable[[Session, ClientLink], object],
         present_parked: Callable[[Session, ClientLink], Awaitable[None]],
+        opened: Callable[[Forwarded, Session | None], None] | None = None,
     ) -> None:
         self._hub = hub
         # The hot path's objects, copied here: one attribute lookup each per update. (The
@@ -122,13 +125,14 @@ class FromAgent:
         self._read_chunk = read_chunk
         self._agent_log = agent_log
         self._agent_request = agent_request
-        self._agent_withdrew = agent_withdrew
+        self._agent_notification = agent_notification
         self._schedule_detach = schedule_detach
         self._take_held = take_held
         self._forget = forget
         self._close_session = close_session
         self._take_ownership = take_ownership
         self._present_parked = present_parked
+        self._opened = opened
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
         self._busy_readers = 0
 
@@ -217,6 +221,9 @@ class FromAgent:
         if self._tracer is not None:
             self._tracer(f"agent:{agent.name}", "in", line)
         data = self.record_update(session, msg, params, line)
+        watch = session.watch
+        if watch is not None and not watch(params):
+            return True  # a sub-agent's, which its client does not see
         if client is not None:
             if client.want_seq:
                 data = dumps(msg)
@@ -272,7 +279,7 @@ class FromAgent:
         assert type(params) is dict
         data = self.record_update(session, msg, params, line)
         client = session.client
-        if client is None:
+        if client is None or (session.watch is not None and not session.watch(params)):
             return
         if client.want_seq:
             data = dumps(msg)
@@ -308,35 +315,6 @@ class FromAgent:
         if client is not None and client.want_seq:
             set_seq(params, seq)
         return data
-
-    async def _agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
-        method: str = msg["method"]
-        params = params_of(msg)
-        if method == "$/cancel_request":
-            request_id = params.get("requestId")
-            if is_id(request_id):
-                await self._agent_withdrew(agent, request_id)
-            return
-        if method == "elicitation/complete":
-            # Only to the connection that was shown the elicitation (ACP: bound to it).
-            elicitation_id = params.get("elicitationId")
-            owner = (
-                agent.elicitations.pop(elicitation_id, None)
-                if isinstance(elicitation_id, str)
-                else None
-            )
-            if owner is not None:
-                await owner.send(dumps(msg))
-            return
-        sid = params.get("sessionId")
-        if isinstance(sid, str):
-            session = self._sessions.find(agent.name, sid)
-            if session is not None and session.client is not None:
-                if session.rewrite:
-                    params["sessionId"] = session.bridge_id
-                await session.client.send(dumps(msg))
-                return
-        agent.log.debug("agent_notification_ignored", method=method)
 
     async def agent_response(self, agent: AgentLink, msg: JsonObject) -> None:
         """An agent's answer: to whoever waits on it, under the id it was asked with."""
@@ -393,6 +371,23 @@ class FromAgent:
             # to the new owner after the answer, as after one the bridge serves (attach).
             await self._present_parked(session, client)
 
+    def open_session(
+        self,
+        agent: AgentLink,
+        result: JsonObject,
+        client: ClientLink,
+        setup: Setup | None,
+        *,
+        parent: str | None = None,
+    ) -> tuple[Session, list[bytes]]:
+        """
+        A ``session/new`` (or fork) answer binds its session (``result`` names it; its id is
+        rewritten there if the bridge gave it another): registered, owned by ``client``,
+        recorded. Returns it with the updates the agent sent for it before the answer.
+        """
+        new = bind_new_session(self._hub, agent, result, client, setup, parent=parent)
+        return new, take_early_updates(agent, new)
+
     def undo_forward(
         self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
     ) -> list[bytes]:
@@ -409,13 +404,19 @@ class FromAgent:
             if method == "session/new":
                 agent.new_in_flight = max(0, agent.new_in_flight - 1)
             if ok and isinstance(result, dict) and isinstance(result.get("sessionId"), str):
-                new = bind_new_session(self._hub, agent, entry, result)
-                early = take_early_updates(agent, new)
+                setup = entry.context if isinstance(entry.context, Setup) else None
+                new, early = self.open_session(agent, result, client, setup)
                 if client.closed:
                     # Its connection died before the answer came: nobody knows the session
                     # yet; it expires like any detached one unless someone takes it.
                     self._schedule_detach(new)
+                if self._opened is not None:
+                    self._opened(entry, new)
+            elif self._opened is not None:
+                self._opened(entry, None)
         elif method == "session/load" and session is not None:
+            if self._opened is not None:
+                self._opened(entry, session if ok else None)
             if ok:
                 if client.closed:  # (gone meanwhile: detached, its grace runs on)
                     session.state, session.client = SessionState.ACTIVE, client
@@ -433,6 +434,8 @@ class FromAgent:
                 # A load of an id the bridge did not know: nothing to go back to.
                 self._sessions.remove(session)
         elif method == "session/resume" and session is not None:
+            if self._opened is not None:
+                self._opened(entry, session if ok else None)
             if ok:
                 if client.closed:  # (as for a load)
                     session.state, session.client = SessionState.ACTIVE, client
@@ -498,14 +501,20 @@ def take_early_updates(agent: AgentLink, session: Session) -> list[bytes]:
     return out
 
 
-def bind_new_session(hub: Hub, agent: AgentLink, entry: Forwarded, result: JsonObject) -> Session:
+def bind_new_session(
+    hub: Hub,
+    agent: AgentLink,
+    result: JsonObject,
+    client: ClientLink,
+    setup: Setup | None,
+    *,
+    parent: str | None = None,
+) -> Session:
     """
-    A ``session/new`` (or ``fork``) answered with a session id: the new session, bound to the
-    client that asked (the agent's id kept unless another live session has it, then rewritten
-    in ``result``), with the setup it asked for.
+    A ``session/new`` (or ``fork``) answered with a session id: the new session, registered
+    and owned by ``client`` (the agent's id kept unless another live session has it, then
+    rewritten in ``result``), with the setup it asked for, recorded.
     """
-    client = entry.origin
-    assert isinstance(client, ClientLink)
     sid = result["sessionId"]
     stale = hub.sessions.find(agent.name, sid)
     if stale is not None and stale.state in (SessionState.ENDED, SessionState.STORED):
@@ -525,9 +534,10 @@ def bind_new_session(hub: Hub, agent: AgentLink, entry: Forwarded, result: JsonO
     new = hub.sessions.register(agent.name, sid, client=client)
     new.client = client
     new.state = SessionState.ACTIVE
-    if isinstance(entry.context, Setup):
-        new.roots = entry.context.roots
-        new.unattended = entry.context.unattended
+    new.parent = parent
+    if setup is not None:
+        new.roots = setup.roots
+        new.unattended = setup.unattended
     hub.history(new)
     capture_setup(new, result)
     hub.persist(new)

@@ -115,6 +115,7 @@ class Hub:
                     unattended=session.unattended,
                     state=state,
                     created=session.created,
+                    parent=session.parent,
                 )
             )
 
@@ -122,6 +123,23 @@ class Hub:
         """Drop from a session's setup what ``agent`` cannot take (logged, names only)."""
         if stripped := strip_unsupported_setup(agent.capabilities, params):
             self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
+
+    def remember_prompt(self, session: Session, prompt: object) -> None:
+        """
+        A prompt (its content blocks, or a text) goes into the session's history as
+        ``user_message_chunk`` updates, as the client sent it: a replay shows both sides.
+        """
+        if isinstance(prompt, str):
+            prompt = [{"type": "text", "text": prompt}]
+        if not isinstance(prompt, list):
+            return
+        history = self.history(session)
+        for block in prompt:
+            update = {"sessionUpdate": "user_message_chunk", "content": block}
+            params: JsonObject = {"sessionId": session.bridge_id, "update": update}
+            history.append(dumps(notification_msg("session/update", params)), live=False)
+        if self.journal is not None:
+            self.journal.updated(session.bridge_id, history)
 
     def history(self, session: Session) -> History:
         """The session's replay history, made (and followed by the journal) on first use."""

@@ -71,6 +71,9 @@ class Listing:
                         if not session.roots:
                             session.roots = roots_of(info)
                         info["sessionId"] = session.bridge_id
+                        if session.parent is not None:  # a sub-agent's, tagged with its parent
+                            meta = info["_meta"] = dict(info.get("_meta") or {})
+                            meta["acp_bridge"] = {"parent": session.parent}
                         sessions.append(info)
                 inner = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
                 if inner is None:
@@ -102,7 +105,10 @@ class Listing:
             info: JsonObject = {"sessionId": session.bridge_id, "cwd": root or "/"}
             if len(session.roots) > 1:
                 info["additionalDirectories"] = list(session.roots[1:])
-            info["_meta"] = {"acp_bridge": {"agent": session.agent, "state": session.state.value}}
+            ours = {"agent": session.agent, "state": session.state.value}
+            if session.parent is not None:
+                ours["parent"] = session.parent
+            info["_meta"] = {"acp_bridge": ours}
             out.append(info)
         return out
 

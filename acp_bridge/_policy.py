@@ -86,6 +86,8 @@ class Rule:
         id: names the rule in decisions and the audit log.
         action: what to do when it matches.
         agent: fnmatch glob on the agent name.
+        parent: fnmatch glob on the agent name of the session's parent (a sub-agent's
+            request); a session without a parent never matches.
         kind: the ACP tool kinds it applies to; a request without a kind never matches.
         title: fnmatch glob on the tool call title; a request without a title never matches.
         path: path glob (see the module docs) on the tool call's locations; a request
@@ -96,6 +98,7 @@ class Rule:
     id: str
     action: Action
     agent: str | None = None
+    parent: str | None = None
     kind: tuple[str, ...] | None = None
     title: str | None = None
     path: str | None = None
@@ -249,19 +252,22 @@ class Decision:
     remember: bool = False
 
 
-def decide(request: PermissionRequest, policy: Policy, agent: str) -> Decision:
+def decide(
+    request: PermissionRequest, policy: Policy, agent: str, parent: str | None = None
+) -> Decision:
     """
     Settle ``request`` from ``agent`` by ``policy``: no I/O, no clock, same answer every time.
 
     Every matching rule counts, the global ones then the agent's: the strongest action wins
     (deny, then ask, then allow), reported with the first matching rule that has it. With no
-    match: the agent's default if it has one, else the global default.
+    match: the agent's default if it has one, else the global default. ``parent``: the agent
+    of the session's parent, for a sub-agent's session.
     """
     overrides = policy.agents.get(agent)
     best: Rule | None = None
     for rule in (*policy.rules, *(overrides.rules if overrides else ())):
         if (best is None or _STRENGTH[rule.action] > _STRENGTH[best.action]) and _matches(
-            rule, request, agent
+            rule, request, agent, parent
         ):
             best = rule
             if rule.action is Action.DENY:  # nothing beats it, and this one was first
@@ -273,8 +279,10 @@ def decide(request: PermissionRequest, policy: Policy, agent: str) -> Decision:
     return Decision(policy.default, None)
 
 
-def _matches(rule: Rule, request: PermissionRequest, agent: str) -> bool:
+def _matches(rule: Rule, request: PermissionRequest, agent: str, parent: str | None) -> bool:
     if rule.agent is not None and not fnmatch.fnmatchcase(agent, rule.agent):
+        return False
+    if rule.parent is not None and (parent is None or not fnmatch.fnmatchcase(parent, rule.parent)):
         return False
     if rule.kind is not None and request.kind not in rule.kind:
         return False
@@ -427,8 +435,8 @@ _POLICY_KEYS: Final = ("default", "ask_timeout", "deny_paths", "rules", "agents"
 #: the values of ``[policy] unattended``
 UNATTENDED_MODES: Final = ("deny", "console")
 _AGENT_KEYS: Final = ("default", "rules")
-_RULE_KEYS: Final = ("id", "agent", "kind", "title", "path", "action", "remember")
-_CRITERIA: Final = ("agent", "kind", "title", "path")
+_RULE_KEYS: Final = ("id", "agent", "parent", "kind", "title", "path", "action", "remember")
+_CRITERIA: Final = ("agent", "parent", "kind", "title", "path")
 _BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
 
 _KeyPath = tuple[str | int, ...]
@@ -464,7 +472,8 @@ class _Problems:
         for key in value:
             if key not in known:
                 hint = difflib.get_close_matches(str(key), known, n=1)
-                suffix = f" (did you mean {hint[0]!r}?)" if hint else note
+                # (``agent`` in a per-agent rule is no typo of ``parent``: the note says why)
+                suffix = f" (did you mean {hint[0]!r}?)" if hint and key != "agent" else note
                 self.unknown.append(f"unknown key {render_key_path((*path, str(key)))!r}{suffix}")
         return True
 
@@ -606,7 +615,7 @@ def _rule(
         problems.at((*path, "action"), "required key missing")
         action = None
     fields: dict[str, Any] = {}
-    for key in ("agent", "title", "path"):
+    for key in ("agent", "parent", "title", "path"):
         if key in table and key in known:
             fields[key] = problems.string(table[key], (*path, key))
     if "kind" in table:

@@ -50,6 +50,8 @@ class Restore:
         reply_error: answers a client's request with an error.
         forward_session_request: sends a session-scoped request on to its agent.
         attach, replay_journal, close_session: of :class:`~acp_bridge._reattach.Reattach`.
+        offer: adds the bridge's MCP server to a load of the bridge's own, its token bound
+            to the session (``Subagents.offer_bound``).
     """
 
     def __init__(
@@ -69,8 +71,10 @@ class Restore:
             [ClientLink, JsonObject, JsonObject, Session, str], Awaitable[None]
         ],
         close_session: Forget,
+        offer: Callable[[AgentLink, JsonObject, Session], Awaitable[None]] | None = None,
     ) -> None:
         self._hub = hub
+        self._offer = offer
         self._agents = hub.agents
         self._sessions = hub.sessions
         self._ensure_ready = ensure_ready
@@ -174,6 +178,8 @@ class Restore:
                 self._strip_setup(agent, params)
                 query = {**params, "sessionId": session.agent_id}
                 query.pop("_meta", None)
+                if self._offer is not None:
+                    await self._offer(agent, query, session)
                 session.state = SessionState.LOADING
                 session.client = client
                 try:

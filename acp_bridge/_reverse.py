@@ -28,9 +28,11 @@ from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._links import AgentLink, ClientLink
 from acp_bridge._routing import Forwarded, Session
 from acp_bridge._store import AuditRecord
-from acp_bridge._wire import well_formed_error
+from acp_bridge._wire import is_id, well_formed_error
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from acp_bridge._approvals import Approvals
     from acp_bridge._hub import Hub
 
@@ -45,15 +47,57 @@ class Reverse:
     Args:
         hub: the shared state.
         approvals: where every ``session/request_permission`` is decided and settled.
+        present: how a sub-agent's request is shown to a client (``Subagents.present``).
     """
 
-    def __init__(self, hub: Hub, *, approvals: Approvals) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        approvals: Approvals,
+        present: Callable[[Session, ClientLink, JsonObject], JsonObject] | None = None,
+    ) -> None:
         self._hub = hub
         self._sessions = hub.sessions
         self._config = hub.config
         self._audit = hub.audit
         self._log = hub.log
         self._approvals = approvals
+        #: how a request is put to a client (a sub-agent's: maybe on its root's session)
+        self._present = present
+
+    async def agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
+        """An agent's notification other than ``session/update``, to the client it concerns."""
+        method: str = msg["method"]
+        params = params_of(msg)
+        if method == "$/cancel_request":
+            request_id = params.get("requestId")
+            if is_id(request_id):
+                await self.agent_withdrew(agent, request_id)
+            return
+        if method == "elicitation/complete":
+            # Only to the connection that was shown the elicitation (ACP: bound to it).
+            elicitation_id = params.get("elicitationId")
+            owner = (
+                agent.elicitations.pop(elicitation_id, None)
+                if isinstance(elicitation_id, str)
+                else None
+            )
+            if owner is not None:
+                await owner.send(dumps(msg))
+            return
+        sid = params.get("sessionId")
+        if isinstance(sid, str):
+            session = self._hub.sessions.find(agent.name, sid)
+            watch = session.watch if session is not None else None
+            if watch is not None and not watch({}):
+                return  # a sub-agent's, whose client does not see the child's session
+            if session is not None and session.client is not None:
+                if session.rewrite:
+                    params["sessionId"] = session.bridge_id
+                await session.client.send(dumps(msg))
+                return
+        agent.log.debug("agent_notification_ignored", method=method)
 
     async def agent_withdrew(self, agent: AgentLink, request_id: JsonRpcId) -> None:
         """
@@ -169,6 +213,8 @@ class Reverse:
         msg["id"] = client_id
         if session.rewrite:
             params["sessionId"] = session.bridge_id
+        if self._present is not None and session.parent is not None:
+            msg["params"] = self._present(session, client, params)
         await client.send(dumps(msg))
 
     def requests_waiting(self, agent: AgentLink) -> int:
@@ -208,7 +254,7 @@ class Reverse:
         )
         detail = f"{limit} requests of agent {agent.name!r} already wait on a client"
         if method == "session/request_permission":
-            await self._approvals.over_limit(agent, msg["id"], params, session, detail)
+            await self._approvals.over_limit(agent, msg, params, session, detail)
             return
         err = JsonRpcError(
             INTERNAL_ERROR,

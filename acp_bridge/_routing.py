@@ -171,6 +171,11 @@ class Session:
     unattended: bool = False
     #: when it was created (wall clock, for the store)
     created: float = attrs.field(factory=time.time)
+    #: a sub-agent's: the bridge id of the session that spawned it (docs/subagents.md)
+    parent: str | None = None
+    #: a sub-agent's: sees each of its ``session/update`` params before the relay; returns
+    #: whether the client gets the update too (None, the usual: it does)
+    watch: Callable[[JsonObject], bool] | None = None
     #: its title, as the agent last reported it (``session_info_update``), for the console
     title: str | None = None
     _log: Any = attrs.field(default=None, init=False, repr=False)
@@ -196,7 +201,7 @@ class SessionTable:
     move with it). One small entry each, as many as the store has rows: the store's bound.
     """
 
-    __slots__ = ("_by_agent", "_by_bridge", "_kept", "on_move")
+    __slots__ = ("_by_agent", "_by_bridge", "_kept", "on_move", "on_remove")
 
     def __init__(self, on_move: Callable[[str, str], None] | None = None) -> None:
         self._by_bridge: dict[str, Session] = {}
@@ -204,6 +209,8 @@ class SessionTable:
         #: bridge id → (agent, agent session id) of the sessions only the store has
         self._kept: dict[str, tuple[str, str]] = {}
         self.on_move = on_move
+        #: told of each session :meth:`remove` takes out (closed, deleted, expired, failed)
+        self.on_remove: Callable[[Session], None] | None = None
 
     def __len__(self) -> int:
         return len(self._by_bridge)
@@ -324,11 +331,14 @@ class SessionTable:
             del sessions[session.agent_id]
 
     def remove(self, session: Session) -> None:
-        if self._by_bridge.get(session.bridge_id) is session:
+        removed = self._by_bridge.get(session.bridge_id) is session
+        if removed:
             del self._by_bridge[session.bridge_id]
         sessions = self._by_agent.get(session.agent)
         if sessions is not None and sessions.get(session.agent_id) is session:
             del sessions[session.agent_id]
+        if removed and self.on_remove is not None:
+            self.on_remove(session)
 
 
 T = TypeVar("T")

@@ -69,8 +69,8 @@ class SessionRequests:
     Takes from the other groups (wired by the Bridge): ``when_ready`` (start the agent, then go on),
     ``undo_forward`` (the pending entry's bookkeeping), ``load_unknown``, ``stored_request``,
     ``reused_request``, ``reattach``, ``attach``, ``close_session`` (sessions coming and going),
-    ``settle_permissions`` (a closed session's open approvals) and
-    ``strip_unsupported_setup`` (what the agent did not advertise).
+    ``settle_permissions`` (a closed session's open approvals) and ``offer`` (the bridge's
+    MCP server added to a session being opened: ``Subagents.offer``).
     """
 
     def __init__(
@@ -88,6 +88,8 @@ class SessionRequests:
         attach: Callable[[Session, ClientLink], Awaitable[None]],
         close_session: Forget,
         settle_permissions: Callable[[Session, str, str], Awaitable[None]],
+        offer: Callable[[AgentLink, str, JsonObject, Session | None], Awaitable[object]]
+        | None = None,
     ) -> None:
         self._hub = hub
         self._reply_error = hub.reply_error
@@ -102,6 +104,7 @@ class SessionRequests:
         self._attach = attach
         self._close_session = close_session
         self._settle_permissions = settle_permissions
+        self._offer = offer
 
     async def request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """
@@ -129,6 +132,11 @@ class SessionRequests:
                 await client.send(dumps(result_msg(msg["id"], {})))  # unknown: silently fine
                 return
             raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
+        if session.parent is not None:
+            # The subagents RFD: a client does not drive a child; its parent does.
+            raise JsonRpcError.invalid_params(
+                f"session {sid!r} is a sub-agent of {session.parent!r}: its parent drives it"
+            )
         owner = session.client
         elsewhere = owner is not None and owner is not client and not owner.closed
         if elsewhere and method not in ("session/load", "session/resume"):
@@ -193,7 +201,7 @@ class SessionRequests:
             )
         if method == "session/prompt":
             check_prompt_content(agent.name, agent.capabilities, params)
-            self._remember_prompt(session, params)
+            self._hub.remember_prompt(session, params.get("prompt"))
         elif method in ("session/load", "session/resume", "session/fork"):
             self._hub.redactor.add_mcp_servers(params.get("mcpServers"))
             self._hub.strip_setup(agent, params)
@@ -232,6 +240,9 @@ class SessionRequests:
         """
         origin_id = msg["id"]
         entry = Forwarded(client, origin_id, msg["method"], session, context)
+        if self._offer is not None:
+            # The bridge's own MCP server, offered to the session being opened (docs/subagents)
+            entry.extra = await self._offer(agent, msg["method"], params_of(msg), session)
         bridge_id = agent.pending.add(entry)
         msg["id"] = bridge_id
         remote.map_to_agent(agent.config, msg["method"], params_of(msg))
@@ -259,23 +270,6 @@ class SessionRequests:
         await self._settle_permissions(session, "cancelled", "close")
         self._close_session(session, delete=msg["method"] == "session/delete")
         await client.send(dumps(result_msg(msg["id"], {})))
-
-    def _remember_prompt(self, session: Session, params: JsonObject) -> None:
-        """The user's prompt goes into the history as user_message_chunk updates (for load)."""
-        prompt = params.get("prompt")
-        if not isinstance(prompt, list):
-            return
-        history = self._hub.history(session)
-        for block in prompt:
-            update = {"sessionUpdate": "user_message_chunk", "content": block}
-            data = dumps(
-                notification_msg(
-                    "session/update", {"sessionId": session.bridge_id, "update": update}
-                )
-            )
-            history.append(data, live=False)
-        if self._hub.journal is not None:
-            self._hub.journal.updated(session.bridge_id, history)
 
 
 __all__ = ["SessionRequests"]

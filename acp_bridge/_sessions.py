@@ -189,6 +189,7 @@ def restore_row(sessions: SessionTable, row: SessionRow, agents: Container[str])
     session.setup = dict(row.setup)
     session.unattended = row.unattended
     session.created = row.created
+    session.parent = row.parent
     return session
 
 

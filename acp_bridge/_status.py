@@ -16,11 +16,11 @@ import json
 import ssl
 import sys
 import urllib.parse
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     from acp_bridge._config import Config
     from acp_bridge._jsonrpc import JsonObject
@@ -204,10 +204,11 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
         )
     sessions: list[JsonObject] = status.get("sessions", [])
     lines.append(f"sessions ({len(sessions)}):")
-    for s in sessions:
+    for depth, s in session_tree(sessions, lambda s: s["sessionId"], lambda s: s.get("parent")):
         connection = s.get("connection") or "(detached)"
+        name = "  " * (depth - 1) + "└ " + s["sessionId"] if depth else s["sessionId"]
         lines.append(
-            f"  {s['sessionId']:<24} agent {s.get('agent', '?'):<12} {s.get('state', '?'):<9}"
+            f"  {name:<24} agent {s.get('agent', '?'):<12} {s.get('state', '?'):<9}"
             f" connection {connection:<14} pending approvals {s.get('pendingApprovals', 0)}"
         )
     connections: list[JsonObject] = status.get("connections", [])
@@ -234,6 +235,32 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
     if parts:
         lines.append("memory: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+T = TypeVar("T")
+
+
+def session_tree(
+    items: Sequence[T], key: Callable[[T], str], parent: Callable[[T], str | None]
+) -> list[tuple[int, T]]:
+    """
+    ``items`` in tree order with their depths: each parent followed by its children (in
+    their own order), a child whose parent is not among them at the top. Pure.
+    """
+    ids = {key(item) for item in items}
+    children: dict[str | None, list[T]] = {}
+    for item in items:
+        above = parent(item)
+        children.setdefault(above if above in ids else None, []).append(item)
+    out: list[tuple[int, T]] = []
+    stack = [(0, item) for item in reversed(children.pop(None, []))]
+    while stack:  # (iterative: a tree is at most max_depth deep, but a store may say anything)
+        depth, item = stack.pop()
+        out.append((depth, item))
+        stack += [(depth + 1, c) for c in reversed(children.pop(key(item), []))]
+    # Parents that lead round in a circle (a damaged store): shown at the top, not lost.
+    out += [(0, item) for rest in children.values() for item in rest]
+    return out
 
 
 def _mib(kib: int) -> str:

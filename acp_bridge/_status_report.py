@@ -58,6 +58,8 @@ def status(
             "sessionId": s.bridge_id,
             "agent": s.agent,
             "state": s.state.value,
+            # a sub-agent's: the session that spawned it (the tree: docs/subagents.md)
+            "parent": s.parent,
             "connection": s.client.name if s.client is not None else None,
             "pendingApprovals": len(s.pending_permissions) + len(s.parked),
             "historyLastSeq": s.history.last_seq if s.history is not None else 0,

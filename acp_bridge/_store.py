@@ -134,6 +134,10 @@ MIGRATIONS: Final[Sequence[str]] = (
     """
     CREATE INDEX journal_time ON journal (time);
     """,
+    # A sub-agent's session names its parent's (docs/subagents.md); NULL: a client's own.
+    """
+    ALTER TABLE sessions ADD COLUMN parent TEXT;
+    """,
 )
 
 #: The page size of a new store (an existing one keeps its own). 16 KiB, not SQLite's 4 KiB:
@@ -157,6 +161,8 @@ class SessionRow:
     state: str = "active"
     created: float = attrs.field(factory=time.time)
     last_active: float = attrs.field(factory=time.time)
+    #: the bridge id of the session that spawned it (a sub-agent), None for a client's own
+    parent: str | None = None
 
 
 @attrs.frozen
@@ -275,10 +281,11 @@ class Store:
                 conn.execute("DELETE FROM journal WHERE session = ?", (bridge_id,))
                 conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (bridge_id,))
             conn.executemany(
-                "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(bridge_id) DO "
+                "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(bridge_id) DO "
                 "UPDATE SET agent=excluded.agent, agent_id=excluded.agent_id, "
                 "roots=excluded.roots, setup=excluded.setup, unattended=excluded.unattended, "
-                "state=excluded.state, last_active=excluded.last_active",
+                "state=excluded.state, last_active=excluded.last_active, "
+                "parent=excluded.parent",
                 [
                     (
                         r.bridge_id,
@@ -290,6 +297,7 @@ class Store:
                         r.state,
                         r.created,
                         r.last_active,
+                        r.parent,
                     )
                     for r in sessions
                 ],
@@ -316,7 +324,7 @@ class Store:
     def sessions(self) -> list[SessionRow]:
         rows = self._conn.execute(
             "SELECT bridge_id, agent, agent_id, roots, setup, unattended, state, created, "
-            "last_active FROM sessions ORDER BY created"
+            "last_active, parent FROM sessions ORDER BY created"
         ).fetchall()
         return [
             SessionRow(
@@ -329,6 +337,7 @@ class Store:
                 state=r[6],
                 created=r[7],
                 last_active=r[8],
+                parent=r[9],
             )
             for r in rows
         ]

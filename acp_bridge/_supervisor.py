@@ -68,6 +68,7 @@ class Supervisor:
         approval_agent_gone: settles a permission request whose agent exited.
         ask_type: the type of a forwarded request's ``extra`` that marks a permission request
             put to a human (``_approvals.Ask``): those are settled, not just withdrawn.
+        sessions_ended: told when an agent's sessions ended with it (sub-agents close).
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class Supervisor:
         undo_forward: _UndoForward,
         approval_agent_gone: Callable[[Forwarded], Awaitable[None]],
         ask_type: type[Any],
+        sessions_ended: Callable[[AgentLink], None] | None = None,
     ) -> None:
         self._hub = hub
         self._agents = hub.agents
@@ -92,6 +94,7 @@ class Supervisor:
         self._undo_forward = undo_forward
         self._approval_agent_gone = approval_agent_gone
         self._ask_type = ask_type
+        self._sessions_ended = sessions_ended
 
     async def ensure_ready(self, agent: AgentLink) -> None:
         """
@@ -344,6 +347,8 @@ class Supervisor:
             session.pending_permissions.clear()
         agent.new_in_flight = 0
         agent.early_updates.clear()
+        if self._sessions_ended is not None:
+            self._sessions_ended(agent)
 
     async def _agent_writer(
         self,

@@ -8,6 +8,9 @@ A minimal ACP v1 agent that floods: stdlib only, synchronous, no SDK.
   ``end_turn`` (any other text: no update);
 - ``session/set_mode`` → ``{}`` at once; ``session/cancel`` ends the session's turn.
 
+With ``--stamp`` each chunk's text is the ``time.monotonic()`` of its write (one clock for
+every process of the machine): a client reads from it how long the update took to reach it.
+
 Turns of several sessions run at the same time: each pass writes one batch of every active
 turn (round robin) in one big write, and reads whatever input arrived in between, so a
 ``set_mode`` is answered between two batches, never after a whole turn.
@@ -23,6 +26,7 @@ import json
 import os
 import select
 import sys
+import time
 from collections import deque
 
 CHUNK_TEXT = "x" * 20
@@ -82,9 +86,10 @@ def _flood_count(params: dict[str, object]) -> int:
 
 
 class FloodAgent:
-    def __init__(self, *, prefix: str, batch: int) -> None:
+    def __init__(self, *, prefix: str, batch: int, stamp: bool = False) -> None:
         self.prefix = prefix
         self.batch = batch
+        self.stamp = stamp
         self.sessions: set[str] = set()
         self.count = 0
         self.turns: deque[Turn] = deque()
@@ -147,7 +152,10 @@ class FloodAgent:
                 out.append(_result(turn.req_id, {"stopReason": "cancelled"}))
                 continue
             k = min(turn.remaining, self.batch)
-            out.append(turn.line * k)
+            line = (
+                chunk_line(turn.session_id, f"{time.monotonic():.6f}") if self.stamp else turn.line
+            )
+            out.append(line * k)
             turn.remaining -= k
             if turn.remaining:
                 self.turns.append(turn)
@@ -170,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--prefix", default="", help="prefix of the session ids")
     parser.add_argument("--batch", type=int, default=256, help="updates per write per turn")
+    parser.add_argument("--stamp", action="store_true", help="chunk text: time of the write")
     args = parser.parse_args(argv)
-    agent = FloodAgent(prefix=args.prefix, batch=max(1, args.batch))
+    agent = FloodAgent(prefix=args.prefix, batch=max(1, args.batch), stamp=args.stamp)
     pending = b""
     while True:
         if agent.turns:

@@ -19,6 +19,10 @@ Scenarios (full size; ``--quick`` in brackets):
 - scale: 50 agents x 10 sessions [5 x 4], 500 updates each, flooding at once through one
   stdio bridge: the aggregate rate, when each session finished, and the round trip of a
   probe session (on an idle agent of its own) measured back to back during the flood;
+- fan-out: one parent agent spawns 20 [5] sub-agents through the bridge's MCP tools, each
+  streaming 2,000 [200] stamped updates at once to a client that advertises
+  ``clientCapabilities.subagents``: the update latency it sees (p50, p99) and the aggregate
+  rate (``bench.fanout``);
 - memory: bridge RSS with 0 then 1,000 [100] idle sessions (bytes per session), then after
   each of 3 floods of 20,000 [10,000] in one session, at once and 3 s later (settled: the
   bridge gives freed heap back after a burst; flat or not is judged on these); the RSS of the
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from bench.client import pipe_client, prompt_params, websocket_client
+from bench.fanout import fanout
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -83,6 +88,8 @@ class Settings:
     journal_off_config: str
     timeout: float
     json_path: Path
+    fanout_children: int = 20
+    fanout_chunks: int = 2000
     #: another checkout of acp-bridge: its stdio bridge runs beside this one (--compare)
     compare: Path | None = None
 
@@ -911,6 +918,17 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
         )
     if mem.get("error"):
         rows.append((name, "bridge stdio", "", _failed(mem["error"]), ""))
+    fan = results.get("fanout") or {}
+    name = f"fan-out {fan.get('children')} x {fan.get('chunks_per_child', 0):,}"
+    if fan.get("error"):
+        rows.append((name, "bridge stdio", "", _failed(fan["error"]), ""))
+    elif fan:
+        rows.append(
+            (name, "sub-agents' updates", "updates/s", _num(fan["aggregate_updates_per_s"]), "")
+        )
+        for q in ("p50", "p99"):
+            value = _num(fan["latency"][f"{q}_us"] / 1000, "{:.1f}")
+            rows.append((name, "update latency", f"{q} ms", value, "write to read"))
     return rows
 
 
@@ -1008,6 +1026,10 @@ def parse_args(argv: list[str] | None) -> Settings:
         help="config text appended for 'journal off' (default: [store] journal = false)",
     )
     p.add_argument("--timeout", type=float, help="seconds allowed per run (120; quick 30)")
+    p.add_argument("--fanout-children", type=int, help="fan-out: sub-agents (20; quick 5)")
+    p.add_argument(
+        "--fanout-chunks", type=int, help="fan-out: updates per sub-agent (2000; quick 200)"
+    )
     p.add_argument(
         "--compare",
         type=Path,
@@ -1041,6 +1063,8 @@ def parse_args(argv: list[str] | None) -> Settings:
         journal_off_config=a.journal_off_config,
         timeout=pick(a.timeout, 120.0, 30.0),
         json_path=Path(a.json),
+        fanout_children=pick(a.fanout_children, 20, 5),
+        fanout_chunks=pick(a.fanout_chunks, 2000, 200),
         compare=None if a.compare is None else a.compare.resolve(),
     )
 
@@ -1059,6 +1083,16 @@ def run(s: Settings) -> dict[str, Any]:
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("throughput", lambda: throughput_and_round_trip(s, scratch)),
             ("scale", lambda: scale(s, scratch)),
+            (
+                "fanout",
+                lambda: fanout(
+                    children=s.fanout_children,
+                    chunks=s.fanout_chunks,
+                    timeout=s.timeout,
+                    scratch=scratch,
+                    summary=latency_summary,
+                ),
+            ),
             ("memory", lambda: memory(s, scratch)),
         ]
         for name, step in steps:

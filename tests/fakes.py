@@ -410,13 +410,17 @@ def chunk_update(sid: str, text: str) -> dict[str, Any]:
     }
 
 
-def make_config(agents: dict[str, FakeAgent], *, policy: Any = None, **bridge: Any) -> Config:
+def make_config(
+    agents: dict[str, FakeAgent], *, policy: Any = None, subagents: Any = None, **bridge: Any
+) -> Config:
     config = Config(
         agents={name: AgentConfig(name=name, command="fake", start_timeout=5) for name in agents},
         bridge=BridgeConfig(**bridge),
     )
     if policy is not None:
         config = attrs.evolve(config, policy=policy)
+    if subagents is not None:
+        config = attrs.evolve(config, subagents=subagents)
     return config
 
 
@@ -429,10 +433,11 @@ async def open_bridge(
     agent_client_capabilities: dict[str, Any] | None = None,
     policy: Any = None,
     audit: Any = None,
+    subagents: Any = None,
     **bridge: Any,
 ) -> AsyncIterator[tuple[TestClient, Bridge]]:
     """A bridge over fake agents with one client attached (initialized unless told not to)."""
-    config = make_config(agents, policy=policy, **bridge)
+    config = make_config(agents, policy=policy, subagents=subagents, **bridge)
     launcher = make_in_process_launcher(dict(agents))
     async with trio.open_nursery() as nursery:
         b: Bridge = await nursery.start(

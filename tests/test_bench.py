@@ -110,6 +110,14 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
     assert len(memory["rss_settled_after_runs_bytes"]) == 3
     assert all(positive(b) for b in memory["rss_settled_after_runs_bytes"])
 
+    fanout = results["fanout"]
+    assert fanout.get("error") is None, fanout.get("error")
+    assert fanout["updates"] == fanout["children"] * fanout["chunks_per_child"]
+    assert positive(fanout["aggregate_updates_per_s"])
+    assert positive(fanout["latency"]["p50_us"])
+    assert positive(fanout["latency"]["p99_us"])
+    assert "fan-out" in table
+
     targets = results["targets"]
     assert len(targets) >= 9
     assert all(t["met"] in (True, False, None) for t in targets)

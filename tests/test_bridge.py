@@ -536,7 +536,11 @@ async def test_additional_directories_and_http_mcp_are_stripped_for_agents_witho
         )
         [new] = [m for m in a.received if m.get("method") == "session/new"]
         assert "additionalDirectories" not in new["params"]
-        assert new["params"]["mcpServers"] == []
+        # The client's http server is stripped; the bridge's own is offered over stdio.
+        [ours] = new["params"]["mcpServers"]
+        assert ours["name"] == "acp-bridge"
+        assert "type" not in ours
+        assert ours["args"][-3:-1] == ["mcp", "--url"]
 
 
 async def test_unknown_session_is_resource_not_found():

@@ -49,7 +49,7 @@ def test_default_toml_runs_the_demo_agent():
     """The shipped default config loads and starts the bundled demo agent by default."""
     config = load_config(CONFIGS / "default.toml")
     assert config.source == str(CONFIGS / "default.toml")
-    assert list(config.agents) == ["demo"]
+    assert list(config.agents) == ["demo", "helper"]  # helper: the sub-agent demo's other agent
     assert config.default_agent == AgentConfig(
         name="demo", command="acp-bridge", args=("demo-agent",)
     )

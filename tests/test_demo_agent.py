@@ -175,6 +175,7 @@ async def test_initialize_answers_version_1_with_capabilities(start_agent):
             "loadSession": True,
             "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
             "sessionCapabilities": {"list": {}, "close": {}, "resume": {}},
+            "mcpCapabilities": {"http": True, "sse": False},
         },
         "agentInfo": {
             "name": "acp-bridge-demo",

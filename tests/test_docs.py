@@ -202,6 +202,7 @@ def _config_keys() -> list[str]:
         ("websocket", _config.WebSocketConfig),
         ("store", _config.StoreConfig),
         ("agents.NAME", _config.AgentConfig),
+        ("subagents", _config.SubagentsConfig),
     ):
         keys += [f"{table}.{f.name}" for f in attrs.fields(cls) if f.name != "name"]
     keys += [f"policy.{k}" for k in _policy._POLICY_KEYS]

@@ -857,13 +857,13 @@ PROBLEM_CASES = [
     ),
     (
         "[[policy.rules]]\naction = 'allow'\n",
-        "policy.rules[0]: matches every request: give at least one of agent, kind, title, path "
-        "(or set policy.default instead)",
+        "policy.rules[0]: matches every request: give at least one of agent, parent, kind, title, "
+        "path (or set policy.default instead)",
     ),
     (
         "[[policy.agents.demo.rules]]\naction = 'deny'\n",
         "policy.agents.demo.rules[0]: matches every request of agent 'demo': give at least one "
-        "of kind, title, path (or set policy.agents.demo.default instead)",
+        "of parent, kind, title, path (or set policy.agents.demo.default instead)",
     ),
     (
         "[[policy.rules]]\nkind = 5\naction = 'allow'\n",

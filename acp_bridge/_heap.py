@@ -29,7 +29,6 @@ not a leak.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import mmap
 import sys
@@ -54,7 +53,9 @@ _M_MMAP_THRESHOLD: Final = -3  # mallopt's parameter number (malloc.h)
 def _libc_function(name: str) -> Any:
     """A function of the C library, or None when it has none (musl, macOS: glibc's own)."""
     try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)
+        # The process's own symbols, which hold the C library's: find_library("c") would
+        # run `ldconfig -p` in a subprocess at start-up for the same answer.
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError, TypeError):
         return None
 

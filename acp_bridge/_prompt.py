@@ -14,7 +14,6 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
-import trio.testing
 
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._framing import LineDecoder
@@ -146,6 +145,8 @@ async def run_prompt(
 
     ``redactor`` becomes the bridge's (pass the one logging was configured with).
     """
+    import trio.testing  # here, not at import: it brings pytest along (0.1-0.3 s of start-up)
+
     client_side, bridge_side = trio.testing.memory_stream_pair()
     session_cwd = os.path.abspath(cwd or os.getcwd())  # noqa: ASYNC240 (no I/O: string work)
     stop_reason = ""

@@ -23,7 +23,6 @@ from acp_bridge._journal import Journal
 from acp_bridge._nursery import cancel_on_signals
 from acp_bridge._redact import Redactor
 from acp_bridge._store import Store, open_store
-from acp_bridge._trace import open_wire_trace
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -125,8 +124,13 @@ async def serve_stdio(
         await serve_client_stream(bridge, stdin, stdout)
 
     try:
-        async with open_wire_trace(trace_file, redactor=redactor) as tracer:
-            await with_bridge(config, body, tracer=tracer, redactor=redactor)
+        if trace_file is None:  # (the trace's module is not loaded without --trace)
+            await with_bridge(config, body, redactor=redactor)
+        else:
+            from acp_bridge._trace import open_wire_trace
+
+            async with open_wire_trace(trace_file, redactor=redactor) as tracer:
+                await with_bridge(config, body, tracer=tracer, redactor=redactor)
     finally:
         with trio.CancelScope(shield=True):
             await stdin.aclose()

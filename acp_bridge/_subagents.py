@@ -27,7 +27,6 @@ from acp_bridge import _remote as remote
 from acp_bridge._capabilities import has_session_cap
 from acp_bridge._jsonrpc import JsonObject, JsonRpcError, dumps
 from acp_bridge._jsonrpc import notification as notification_msg
-from acp_bridge._mcp_server import McpEndpoint
 from acp_bridge._mcp_tools import AgentInfo, ChildStatus, ToolError
 from acp_bridge._routing import Forwarded, Session, SessionState, Setup
 from acp_bridge._subagent_core import (
@@ -50,6 +49,7 @@ if TYPE_CHECKING:
 
     from acp_bridge._hub import Hub
     from acp_bridge._links import AgentLink, ClientLink
+    from acp_bridge._mcp_server import McpEndpoint
 
 logger = structlog.get_logger("acp_bridge.subagents")
 
@@ -117,8 +117,18 @@ class Subagents:
         self._settle_session = settle_session
         self._forget = forget
         self.tree = Tree()
-        self.endpoint = McpEndpoint(self)
+        self._endpoint: McpEndpoint | None = None
         self._turns: dict[str, _Turn] = {}
+
+    @property
+    def endpoint(self) -> McpEndpoint:
+        """The MCP endpoint, made at the first session offered it (not before: an editor's
+        ``initialize`` does not wait for the HTTP stack to be imported)."""
+        if self._endpoint is None:
+            from acp_bridge._mcp_server import McpEndpoint
+
+            self._endpoint = McpEndpoint(self)
+        return self._endpoint
 
     # ------------------------------------------------------------------ offering the server
 
@@ -185,7 +195,8 @@ class Subagents:
 
     def removed(self, session: Session) -> None:
         """A session left the table (closed, deleted, expired): its tokens, its children."""
-        self.endpoint.revoke_session(session.bridge_id)
+        if self._endpoint is not None:
+            self._endpoint.revoke_session(session.bridge_id)
         child = self.tree.remove(session.bridge_id)
         if child is not None:
             child.state = "closed"
@@ -197,7 +208,8 @@ class Subagents:
     def agent_gone(self, agent: AgentLink) -> None:
         """An agent exited: its sessions ended, and with them their children."""
         for session in self._hub.sessions.of_agent(agent.name):
-            self.endpoint.revoke_session(session.bridge_id)
+            if self._endpoint is not None:
+                self._endpoint.revoke_session(session.bridge_id)
             self._close_later(session.bridge_id)
 
     def _close_later(self, parent: str) -> None:
@@ -470,13 +482,6 @@ class Subagents:
                 logger.warning("subagent_close_failed", agent=agent.name, error=exc.message)
 
     # ------------------------------------------------------------------ status
-
-    def describe(self, session: str) -> JsonObject | None:
-        """What ``/status`` says of a child: its parent, depth and state."""
-        child = self.tree.children.get(session)
-        if child is None:
-            return None
-        return {"parent": child.parent, "depth": child.depth, "turn": child.state}
 
 
 def _not_ours(server: object) -> bool:

@@ -18,6 +18,8 @@ import trio
 
 from acp_bridge import __version__
 
+from .peers import npm
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+#: the benchmark's peers (bench/peers.py) and their npm packages
+PEERS = {"supergateway": "supergateway", "conductor": "@thinkwell/conductor"}
+
+
+def peers_installed() -> bool:
+    """node is here and ./scripts/test installed the pinned npm peers: they must be measured."""
+    stamp = npm.STAMP.read_text().strip() if npm.STAMP.is_file() else None
+    return shutil.which("node") is not None and stamp == npm.pins_digest()
 
 
 async def test_quick_benchmark_runs_every_scenario(tmp_path):
@@ -64,10 +76,16 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
 
     throughput = results["throughput"]["variants"]
     assert throughput["direct"]["ratio_to_direct"] == pytest.approx(1.0)
+    measured = peers_installed()
     for key, variant in throughput.items():
         if key == "ws" and variant["error"]:
             # Whether a WebSocket client survives a full-speed flood with the default
             # client_queue is one of the targets: reported, not required.
+            continue
+        if key in PEERS and not measured:
+            # Without node or the installed peers: a row that says why, not a figure.
+            assert variant["error"].startswith("not measured: "), (key, variant["error"])
+            assert "not measured: " in table
             continue
         assert variant["error"] is None, (key, variant["error"])
         assert positive(variant["updates_per_s"]), key
@@ -84,13 +102,39 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
     assert "CPU vs --compare" in table
 
     round_trip = results["round_trip"]["variants"]
-    for key in ("direct", "stdio", "ws"):
+    for key in ("direct", "stdio", "ws", *(PEERS if measured else ())):
         assert round_trip[key].get("error") is None, (key, round_trip[key].get("error"))
         assert positive(round_trip[key]["p50_us"]), key
         assert positive(round_trip[key]["p99_us"]), key
-    for key in ("stdio", "ws"):
+    for key in ("stdio", "ws", *(PEERS if measured else ())):
         assert isinstance(round_trip[key]["added_p50_us"], float)
         assert isinstance(round_trip[key]["added_p99_us"], float)
+
+    # The bridge against each peer, on the same transport (issue 23).
+    ratios = results["throughput"]["peers"]
+    assert set(ratios) == set(PEERS)
+    assert ratios["supergateway"]["round_trip_bridge"] == "ws"
+    assert ratios["conductor"]["round_trip_bridge"] == "stdio"
+    for key, row in ratios.items():
+        label = PEERS[key].removeprefix("@thinkwell/").replace("conductor", "thinkwell conductor")
+        assert label in table, label
+        if measured:
+            assert row["error"] is None, (key, row["error"])
+            for figure in ("throughput_ratio", "cpu_ratio", "round_trip_p50_ratio"):
+                assert positive(row[figure]), (key, figure)
+            assert isinstance(row["round_trip_p50_diff_us"], float), key
+        else:
+            assert row["error"].startswith("not measured: "), (key, row["error"])
+            assert row["throughput_ratio"] is None, key
+
+    # Start-up: spawn to the initialize answer, the demo agent alone and behind the bridge.
+    startup = results["startup"]
+    assert startup.get("error") is None, startup.get("error")
+    assert len(startup["agent_runs_ms"]) == len(startup["bridge_runs_ms"]) == startup["runs"]
+    assert positive(startup["agent_ms"])
+    assert positive(startup["bridge_ms"])
+    assert isinstance(startup["overhead_ms"], float)
+    assert "start-up" in table
 
     scale = results["scale"]
     assert scale.get("error") is None, scale.get("error")

@@ -185,3 +185,18 @@ def test_memory_figures_without_the_c_library_functions(monkeypatch):
     assert "heapInUseKiB" not in figures
     assert "heapFreeKiB" not in figures
     assert figures["pythonBlocks"] > 0
+
+
+@glibc
+def test_the_c_library_is_found_without_running_ldconfig(monkeypatch):
+    # find_library("c") runs `ldconfig -p` in a subprocess: start-up time (issue 23) spent on
+    # a library the process has loaded already.
+    import ctypes.util
+
+    def no_search(name: str) -> None:
+        raise AssertionError(f"find_library({name!r}) searched the system")
+
+    monkeypatch.setattr(ctypes.util, "find_library", no_search)
+    assert _heap._libc_function("malloc_trim") is not None
+    assert _heap._libc_function("mallopt") is not None
+    assert _heap._libc_function("no_such_function_in_libc") is None

@@ -33,6 +33,7 @@ from acp_bridge._attach_sessions import Request as _Request
 from acp_bridge._attach_sessions import SessionBook, Tracked, log_line
 from acp_bridge._attach_sessions import bridge_meta as _bridge_meta
 from acp_bridge._attach_sessions import error_text as _error_text
+from acp_bridge._attach_v2 import V2TakeBack
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
     JsonObject,
@@ -44,6 +45,7 @@ from acp_bridge._jsonrpc import (
     loads,
     params_of,
 )
+from acp_bridge._v2_shapes import wants_v2
 
 __all__ = [
     "HELD_BYTES",
@@ -169,6 +171,8 @@ class AttachCore:
         self._init_params: JsonObject | None = None
         self._init_sent = False
         self._book = SessionBook(max_sessions)
+        #: the editor speaks ACP v2 (its initialize said so): the take-back is v2's
+        self.v2: V2TakeBack | None = None
         self._requests: dict[JsonRpcId, _Request] = {}
         self._asks: dict[int, _Ask] = {}
         self._ask_ids = itertools.count(1)
@@ -253,6 +257,7 @@ class AttachCore:
             params = _with_bridge_meta(params, seq=True, log=level if level is not None else "info")
             msg["params"] = params
             self._init_params = params
+            self.v2 = V2TakeBack() if wants_v2(text) else None
             changed = True
         elif (
             method in ("session/new", "session/load", "session/resume")
@@ -363,6 +368,8 @@ class AttachCore:
         method: str = msg["method"]
         params = params_of(msg)
         if method == "session/update":
+            if self.v2 is not None:
+                self.v2.update(params)
             return [_line(msg, text)] if self._book.update(params) else []
         if method in ("$/cancel_request", "_acp_bridge/permission_resolved"):
             bridge_id = params.get("requestId")
@@ -468,7 +475,11 @@ class AttachCore:
                 if request.method == "initialize" and 0 < request.epoch < self.epoch:
                     del self._requests[req_id]
                     out.append(dumps(rpc.result(req_id, result)))
-            for load in self._book.take_back(out):
+            book = self._book
+            loads = (
+                book.take_back(out) if self.v2 is None else self.v2.take_back(book.sessions, out)
+            )
+            for load in loads:
                 self._internal_request(load.method, load.params, _Internal("load", load.session_id))
             if self._orphans:
                 # Requests the bridge shows again come right after each load's answer; once
@@ -477,6 +488,8 @@ class AttachCore:
         elif internal.kind == "load":
             assert internal.session_id is not None
             out += self._book.taken_back(internal.session_id, msg)
+            if self.v2 is not None:
+                out += self.v2.taken_back(internal.session_id, msg)
         return out + self._maybe_live()
 
     def _maybe_live(self) -> list[bytes]:
@@ -493,7 +506,8 @@ class AttachCore:
         for req_id, request in list(self._requests.items()):
             if request.epoch in (0, self.epoch):
                 continue
-            if self._book.moved(request):
+            if self.v2 is None and self._book.moved(request):
+                # (A v2 editor's requests are answered to the lost connection's face.)
                 continue  # the bridge answers it on this connection, with the same id
             out.append(
                 self._fail_request(

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 MAX_HELD: Final = 64
 #: the prefix of the ids of the face's requests to the bridge
 ID_PREFIX: Final = "v2:"
+#: in the face's id of a prompt (``v2:<connection>.p<n>``)
+PROMPT_MARK: Final = "p"
 #: v2 requests the face forwards under the same method (after translating params)
 SESSION_REQUESTS: Final = frozenset({"session/close", "session/delete"})
 
@@ -121,7 +123,12 @@ class V2Connection:
         return f"{self._prefix}-{next(self._messages)}"
 
     def _ask(self, step: Step, method: str, params: JsonObject, asked: _Asked) -> None:
-        our_id = f"{ID_PREFIX}{next(self._ids)}"
+        # The connection's prefix keeps the ids apart from another connection's: the bridge
+        # hands the answers owed to a connection that lost a session to the one taking it
+        # back (attach's reconnect), and those must not be taken for this one's.
+        # A prompt's id is marked: the connection taking its session back carries its turn on.
+        mark = PROMPT_MARK if method == "session/prompt" else ""
+        our_id = f"{ID_PREFIX}{self._prefix}.{mark}{next(self._ids)}"
         self._asked[our_id] = asked
         if asked.client_id is not None:
             self._by_client[asked.client_id] = our_id
@@ -414,6 +421,11 @@ class V2Connection:
             self._updates.flush_replay(sid, state, step)
             state.replay = None
             state.run_kind = state.run_id = None
+            if self._adopt(sid, state, answer):
+                # (v2: the current state before the answer; a running turn must be said.)
+                step.to_client.append(
+                    _update(sid, {"sessionUpdate": "state_update", "state": "running"})
+                )
             if _set_options(state, answer):
                 return {"configOptions": state.options}
             return {}
@@ -436,6 +448,26 @@ class V2Connection:
         if method in ("auth/login", "auth/logout"):
             return {}
         return answer
+
+    def _adopt(self, sid: str, state: SessionState, answer: JsonObject) -> bool:
+        """
+        Prompts another v2 connection sent, whose answers now come here (the bridge's
+        ``pending`` ids, as when attach reconnects): their turn goes on, and ends, on this one.
+        Whether there was one.
+        """
+        meta = answer.get("_meta")
+        ours = meta.get("acp_bridge") if isinstance(meta, dict) else None
+        pending = ours.get("pending") if isinstance(ours, dict) else None
+        for rid in pending if isinstance(pending, list) else []:
+            if (
+                isinstance(rid, str)
+                and rid.startswith(ID_PREFIX)
+                and f".{PROMPT_MARK}" in rid
+                and rid not in self._asked
+            ):
+                self._asked[rid] = _Asked("session/prompt", None, sid)
+                state.running = True
+        return state.running
 
     def _turn_ended(self, sid: str, msg: JsonObject, step: Step) -> None:
         state = self.sessions.get(sid)
@@ -575,4 +607,12 @@ def _with_value(options: list[JsonObject], config_id: str, value: str | None) ->
     return [{**o, "currentValue": value} if o.get("configId") == config_id else o for o in options]
 
 
-__all__ = ["ID_PREFIX", "MAX_HELD", "SessionState", "SessionUpdates", "Step", "V2Connection"]
+__all__ = [
+    "ID_PREFIX",
+    "MAX_HELD",
+    "PROMPT_MARK",
+    "SessionState",
+    "SessionUpdates",
+    "Step",
+    "V2Connection",
+]

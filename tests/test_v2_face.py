@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+import trio.testing
 
 from tests.fakes import FakeAgent, TestClient, connect, open_bridge
 from tests.v2_schema import check_to_client
@@ -207,3 +208,87 @@ async def test_over_websocket_a_v2_and_a_v1_connection_are_each_served_their_own
             reply = await v1.request("session/prompt", {"sessionId": v1_sid, "prompt": prompt})
             assert reply["result"] == {"stopReason": "end_turn"}
             assert not any("messageId" in str(m) for m in v1.received)
+
+
+async def test_cancel_request_both_ways_for_a_v2_client():
+    """
+    ``$/cancel_request`` from the v2 client reaches the agent as the v1 cancel of the bridge's
+    id (the request then ends with one response), a held prompt is withdrawn by the face with
+    one -32800; the agent's ``$/cancel_request`` of a question reaches the client under the id
+    it was shown, and the turn is running again.
+    """
+    agent = FakeAgent("a")
+    agent.close_gate = trio.Event()
+    with trio.fail_after(10):
+        async with open_bridge({"a": agent}, initialize=False, experimental_v2=True) as (
+            raw,
+            _bridge,
+        ):
+            v2 = V2Client(raw)
+            await v2.call("initialize", V2_INIT)
+            sid = (await v2.call("session/new", {"cwd": "/w"}))["sessionId"]
+
+            # client → agent: a request the agent holds (close), cancelled by the client's id
+            async with trio.open_nursery() as nursery:
+                closing: list[dict[str, Any]] = []
+
+                async def close() -> None:
+                    closing.append(await v2.request("session/close", {"sessionId": sid}))
+
+                nursery.start_soon(close)
+                await trio.testing.wait_all_tasks_blocked()
+                (held,) = [m for m in agent.received if m.get("method") == "session/close"]
+                await raw.notify("$/cancel_request", {"requestId": "c3"})
+                await trio.testing.wait_all_tasks_blocked()
+                cancels = [m for m in agent.received if m.get("method") == "$/cancel_request"]
+                assert cancels == [
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "$/cancel_request",
+                        "params": {"requestId": held["id"]},
+                    }
+                ]
+                agent.close_gate.set()
+            assert closing == [{"jsonrpc": "2.0", "id": "c3", "result": {}}]
+            assert [m for m in raw.received if m.get("id") == "c3"] == closing
+
+            # a held prompt (its session's turn runs) withdrawn by the face: one -32800
+            sid = (await v2.call("session/new", {"cwd": "/w"}))["sessionId"]
+            wait = {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]}
+            await v2.call("session/prompt", wait)
+            async with trio.open_nursery() as nursery:
+                withdrawn: list[dict[str, Any]] = []
+
+                async def second() -> None:
+                    withdrawn.append(await v2.request("session/prompt", wait))
+
+                nursery.start_soon(second)
+                await trio.testing.wait_all_tasks_blocked()
+                await raw.notify("$/cancel_request", {"requestId": "c6"})
+            assert [w["error"]["code"] for w in withdrawn] == [-32800]
+            assert [m for m in raw.received if m.get("id") == "c6"] == withdrawn
+            assert [m["method"] for m in agent.received if m.get("method") == "session/prompt"] == [
+                "session/prompt"
+            ]
+            await raw.notify("session/cancel", {"sessionId": sid})
+            await v2.wait_update(sid, _idle)
+
+            # agent → client: the question withdrawn reaches the client under its own id
+            permission = {"sessionId": sid, "prompt": [{"type": "text", "text": "permission"}]}
+            await v2.call("session/prompt", permission)
+            ask = await raw.agent_requests.receive()
+            await v2.wait_update(sid, lambda u: u.get("state") == "requires_action")
+            (agent_side,) = agent._waiting
+            seen = len(v2.updates(sid))
+            await agent.write(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "$/cancel_request",
+                    "params": {"requestId": agent_side},
+                }
+            )
+            withdrawal = await raw.wait_for(lambda m: m.get("method") == "$/cancel_request")
+            assert withdrawal["params"] == {"requestId": ask["id"]}
+            await v2.wait_update(sid, lambda u: u.get("state") == "running")
+            assert {"sessionUpdate": "state_update", "state": "running"} in v2.updates(sid)[seen:]
+            v2.check_all()

@@ -31,7 +31,6 @@ import structlog
 from acp_bridge import _jsonrpc as rpc
 from acp_bridge._attach_sessions import Request as _Request
 from acp_bridge._attach_sessions import SessionBook, Tracked, log_line
-from acp_bridge._attach_sessions import bridge_meta as _bridge_meta
 from acp_bridge._attach_sessions import error_text as _error_text
 from acp_bridge._attach_v2 import V2TakeBack
 from acp_bridge._jsonrpc import (
@@ -46,6 +45,7 @@ from acp_bridge._jsonrpc import (
     params_of,
 )
 from acp_bridge._v2_shapes import wants_v2
+from acp_bridge._wire import bridge_meta as _bridge_meta
 
 __all__ = [
     "HELD_BYTES",

@@ -18,8 +18,9 @@ import structlog
 
 from acp_bridge import _jsonrpc as rpc
 from acp_bridge._jsonrpc import JsonObject, dumps
+from acp_bridge._wire import bridge_meta
 
-__all__ = ["Load", "Request", "SessionBook", "Tracked", "bridge_meta", "error_text", "log_line"]
+__all__ = ["Load", "Request", "SessionBook", "Tracked", "error_text", "log_line"]
 
 logger = structlog.get_logger("acp_bridge.attach")
 
@@ -264,13 +265,6 @@ class SessionBook:
 
 
 # --------------------------------------------------------------------- helpers (pure)
-
-
-def bridge_meta(params: object) -> JsonObject:
-    """``params._meta.acp_bridge``, or {}."""
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    ours = meta.get("acp_bridge") if isinstance(meta, dict) else None
-    return ours if isinstance(ours, dict) else {}
 
 
 def error_text(msg: JsonObject) -> str:

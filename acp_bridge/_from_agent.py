@@ -30,7 +30,6 @@ from acp_bridge._jsonrpc import (
 from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._links import AgentLink, ClientLink, Waiter
 from acp_bridge._routing import (
-    HELD_RESPONSES_MAX,
     SETUP_UPDATES,
     Forwarded,
     Session,
@@ -347,12 +346,8 @@ class FromAgent:
             # Its connection is gone (or closed and about to be detached: an overflow) and
             # nobody else has the session: keep the answer for whoever takes it back within
             # the grace period (in its place in the stream).
-            if len(session.held_responses) < HELD_RESPONSES_MAX:
-                session.held_responses.append(
-                    (self._hub.history(session).last_seq, entry.origin_id, dumps(msg))
-                )
-            else:
-                self._log.warning("held_response_dropped", session=session.bridge_id)
+            if not self._hub.hold_answer(session, entry.origin_id, dumps(msg)):
+                session.log.warning("held_response_dropped")
             return
         for line in early:
             await client.send(line)

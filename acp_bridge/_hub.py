@@ -22,7 +22,7 @@ from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRp
 from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._links import AgentState
-from acp_bridge._routing import History, Session, SessionTable
+from acp_bridge._routing import HELD_RESPONSES_MAX, History, Session, SessionTable
 from acp_bridge._store import SessionRow
 from acp_bridge._timers import Deadlines
 
@@ -123,6 +123,17 @@ class Hub:
         """Drop from a session's setup what ``agent`` cannot take (logged, names only)."""
         if stripped := strip_unsupported_setup(agent.capabilities, params):
             self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
+
+    def hold_answer(self, session: Session, origin_id: JsonRpcId, data: bytes) -> bool:
+        """
+        An answer for a connection that went away, kept in its place in the session's stream
+        for whoever takes the session back; False: ``HELD_RESPONSES_MAX`` are kept already
+        (the caller says it dropped one).
+        """
+        if len(session.held_responses) >= HELD_RESPONSES_MAX:
+            return False
+        session.held_responses.append((self.history(session).last_seq, origin_id, data))
+        return True
 
     def remember_prompt(self, session: Session, prompt: object) -> None:
         """

@@ -28,7 +28,7 @@ from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._jsonrpc import request as request_msg
 from acp_bridge._links import AgentState, ClientLink, Waiter, pump_channel
-from acp_bridge._routing import HELD_RESPONSES_MAX, SessionState
+from acp_bridge._routing import SessionState
 from acp_bridge._wire import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
@@ -325,9 +325,8 @@ class Supervisor:
             session = entry.session
             if client.closed and session is not None and session.client is None:
                 # Its connection is gone: held for whoever takes the session back.
-                if len(session.held_responses) < HELD_RESPONSES_MAX:
-                    held = (self._hub.history(session).last_seq, entry.origin_id, answer)
-                    session.held_responses.append(held)
+                if not self._hub.hold_answer(session, entry.origin_id, answer):
+                    session.log.warning("held_response_dropped")
                 continue
             await client.send(answer)
         for agent_id, (client, client_id) in list(agent.inflight.items()):

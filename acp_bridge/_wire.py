@@ -14,9 +14,10 @@ from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRp
 PROTOCOL_VERSION: Final = 1
 
 
-def bridge_meta(params: JsonObject) -> JsonObject:
-    """``params._meta.acp_bridge`` (the bridge's own wire extensions), or {}."""
-    meta = params.get("_meta")
+def bridge_meta(params: object) -> JsonObject:
+    """``params._meta.acp_bridge`` (the bridge's own wire extensions), or {} (also when
+    ``params`` is no object: a peer's JSON may put anything there)."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
     ours = meta.get("acp_bridge") if isinstance(meta, dict) else None
     return ours if isinstance(ours, dict) else {}
 

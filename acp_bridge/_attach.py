@@ -46,10 +46,10 @@ import structlog
 import trio
 import trio_websocket
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge._attach_core import AttachCore, Backoff, Phase, ReattachFailed, log_line
 from acp_bridge._framing import DEFAULT_MAX_LINE_BYTES, LineDecoder, Oversize
 from acp_bridge._jsonrpc import JsonRpcError, dumps
-from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._nursery import cancel_on_signals, leaves
 from acp_bridge._token import TokenError, is_loopback, resolve_token
 
@@ -235,7 +235,7 @@ class _Attach:
     async def _from_editor(self, line: bytes | Oversize) -> None:
         if isinstance(line, Oversize):
             err = JsonRpcError.invalid_request(f"message of {line.size} bytes is over the limit")
-            await self._to_editor.send(dumps(error_msg(None, err)))
+            await self._to_editor.send(dumps(rpc.error(None, err)))
             return
         while self._core.must_wait(len(line)):
             await self._changed.wait()

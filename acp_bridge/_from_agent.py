@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import structlog
 import trio
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
@@ -27,7 +28,6 @@ from acp_bridge._jsonrpc import (
     loads,
     rewrite_session_id,
 )
-from acp_bridge._jsonrpc import error as error_msg
 from acp_bridge._links import AgentLink, ClientLink, Waiter
 from acp_bridge._routing import (
     SETUP_UPDATES,
@@ -261,7 +261,7 @@ class FromAgent:
             agent.log.warning("agent_invalid_message")
             req_id = id_of(msg)
             if req_id is not None:
-                agent.answer(dumps(error_msg(req_id, JsonRpcError.invalid_request())))
+                agent.answer(dumps(rpc.error(req_id, JsonRpcError.invalid_request())))
 
     async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
         """A session/update :meth:`relay_update` left: maybe held, maybe waiting for room."""
@@ -331,7 +331,7 @@ class FromAgent:
         if ok and entry.method in ("session/new", "session/fork"):
             refused = live_id_reused(self._sessions, agent, msg["result"])
             if refused is not None:
-                msg = error_msg(msg["id"], refused)
+                msg = rpc.error(msg["id"], refused)
                 ok = False
         early = self.undo_forward(agent, entry, ok=ok, result=msg.get("result"))
         msg["id"] = entry.origin_id

@@ -24,6 +24,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from acp_bridge import __version__
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge._capabilities import CONNECTION_METHODS, SESSION_METHODS, advertised, agent_selector
 from acp_bridge._diagnostics import LEVEL_RANK, LOG_LEVELS
 from acp_bridge._framing import Oversize
@@ -37,8 +38,6 @@ from acp_bridge._jsonrpc import (
     loads,
     params_of,
 )
-from acp_bridge._jsonrpc import notification as notification_msg
-from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._links import AgentState
 from acp_bridge._routing import Setup, roots_of
 from acp_bridge._wire import PROTOCOL_VERSION, bridge_meta, id_of, is_id
@@ -160,13 +159,13 @@ class FromClient:
                 raise JsonRpcError.invalid_params(f"level: expected one of {', '.join(LOG_LEVELS)}")
             client.log_level = level
             client.extensions = True
-            await client.send(dumps(result_msg(msg["id"], {})))
+            await client.send(dumps(rpc.result(msg["id"], {})))
         elif method == "_acp_bridge/status":
-            await client.send(dumps(result_msg(msg["id"], self._status())))
+            await client.send(dumps(rpc.result(msg["id"], self._status())))
         elif method == "_acp_bridge/agents":
             await client.send(
                 dumps(
-                    result_msg(
+                    rpc.result(
                         msg["id"],
                         {
                             "default": self._hub.default_agent,
@@ -236,7 +235,7 @@ class FromClient:
                 }
             },
         }
-        await client.send(dumps(result_msg(msg["id"], answer)))
+        await client.send(dumps(rpc.result(msg["id"], answer)))
 
     async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``session/new`` to the selected (or default) agent, started first if need be."""
@@ -331,7 +330,7 @@ class FromClient:
             target = client.inflight.get(request_id) if is_id(request_id) else None
             if target is not None:
                 agent, bridge_id = target
-                cancel = notification_msg("$/cancel_request", {"requestId": bridge_id})
+                cancel = rpc.notification("$/cancel_request", {"requestId": bridge_id})
                 if not agent.send_nowait(dumps(cancel)):
                     self._hub.not_delivered(client, agent, method, None)
         elif method.startswith("_") and isinstance(params.get("sessionId"), str):

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import structlog
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge._capabilities import strip_unsupported_setup
 from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
-from acp_bridge._jsonrpc import error as error_msg
-from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._links import AgentState
 from acp_bridge._routing import HELD_RESPONSES_MAX, History, Session, SessionTable
 from acp_bridge._store import SessionRow
@@ -148,7 +147,7 @@ class Hub:
         for block in prompt:
             update = {"sessionUpdate": "user_message_chunk", "content": block}
             params: JsonObject = {"sessionId": session.bridge_id, "update": update}
-            history.append(dumps(notification_msg("session/update", params)), live=False)
+            history.append(dumps(rpc.notification("session/update", params)), live=False)
         if self.journal is not None:
             self.journal.updated(session.bridge_id, history)
 
@@ -166,7 +165,7 @@ class Hub:
     async def reply_error(self, client: ClientLink, id_: JsonRpcId, exc: JsonRpcError) -> None:
         """Answer a client's request (``id_``; None: unreadable) with an error, counted."""
         self.counters[f"error:{exc.code}"] += 1
-        await client.send(dumps(error_msg(id_, exc)))
+        await client.send(dumps(rpc.error(id_, exc)))
 
     def not_delivered(
         self, client: ClientLink, agent: AgentLink, method: str, session: Session | None
@@ -186,7 +185,7 @@ class Hub:
             "message": f"{method} not delivered: agent {agent.name!r} {why}",
             "agent": agent.name,
         }
-        client.offer(dumps(notification_msg("_acp_bridge/log", params)))
+        client.offer(dumps(rpc.notification("_acp_bridge/log", params)))
 
 
 __all__ = ["Hub", "WhenReady"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _remote as remote
 from acp_bridge._capabilities import has_session_cap
 from acp_bridge._jsonrpc import JsonRpcError, dumps
-from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._routing import SessionState, roots_of
 from acp_bridge._wire import decode_cursor, encode_cursor
 
@@ -86,7 +86,7 @@ class Listing:
             answer: JsonObject = {"sessions": sessions}
             if next_cursor is not None:
                 answer["nextCursor"] = next_cursor
-            await client.send(dumps(result_msg(msg["id"], answer)))
+            await client.send(dumps(rpc.result(msg["id"], answer)))
         except JsonRpcError as exc:
             await self._reply_error(client, msg["id"], exc)
 

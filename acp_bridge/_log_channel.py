@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge._diagnostics import LOG_METHOD, log_params
 from acp_bridge._jsonrpc import dumps
-from acp_bridge._jsonrpc import notification as notification_msg
 
 if TYPE_CHECKING:
     from acp_bridge._hub import Hub
@@ -56,7 +56,7 @@ class LogChannel:
             session_id = session.bridge_id
             data.setdefault("agent", session.agent)
         params = log_params(level, message, session_id=session_id, data=data)
-        await client.send(dumps(notification_msg(LOG_METHOD, params)))
+        await client.send(dumps(rpc.notification(LOG_METHOD, params)))
 
     async def agent_log(
         self, agent: AgentLink, level: str, message: str, *, stream: str | None
@@ -82,7 +82,7 @@ class LogChannel:
             session_id=sessions[0].bridge_id if len(sessions) == 1 else None,
             data=data,
         )
-        line = dumps(notification_msg(LOG_METHOD, params))
+        line = dumps(rpc.notification(LOG_METHOD, params))
         owners = {s.client for s in sessions if s.client is not None}
         targets = owners if sessions else {c for c in self._clients if c.initialized}
         for client in targets:

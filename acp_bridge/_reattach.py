@@ -14,14 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _sessions as transitions
 from acp_bridge._approvals import Ask, park
 from acp_bridge._capabilities import has_session_cap
 from acp_bridge._jsonrpc import RESOURCE_NOT_FOUND, JsonRpcError, dumps
-from acp_bridge._jsonrpc import error as error_msg
-from acp_bridge._jsonrpc import notification as notification_msg
-from acp_bridge._jsonrpc import request as request_msg
-from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._links import AgentLink, AgentState
 from acp_bridge._wire import bridge_meta
 
@@ -156,7 +153,7 @@ class Reattach:
                 self._hub.spawn(self._close_quietly, agent, session.agent_id)
             else:
                 agent.send_nowait(
-                    dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
+                    dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
                 )
 
     async def _close_quietly(self, agent: AgentLink, agent_sid: str) -> None:
@@ -214,7 +211,7 @@ class Reattach:
             agent.inflight[entry.origin_id] = (client, client_id)
             if entry.method == "session/request_permission":
                 session.pending_permissions.add(client_id)
-            await client.send(dumps(request_msg(client_id, entry.method, entry.context)))
+            await client.send(dumps(rpc.request(client_id, entry.method, entry.context)))
 
     async def attach(self, session: Session, client: ClientLink) -> None:
         """``client`` owns ``session`` now: a previous owner is told, what waited is sent."""
@@ -224,7 +221,7 @@ class Reattach:
             session.log.info("session_taken_over")
             gone = JsonRpcError.cancelled("session taken over by another connection")
             for origin_id in takeover.moved:
-                await previous.send(dumps(error_msg(origin_id, gone)))
+                await previous.send(dumps(rpc.error(origin_id, gone)))
             await self._send_log(
                 previous,
                 "warning",
@@ -277,7 +274,7 @@ class Reattach:
                 "pending": self._answers_owed(session, client),
             }
         }
-        await client.send_wait(dumps(result_msg(msg["id"], result)))
+        await client.send_wait(dumps(rpc.result(msg["id"], result)))
         # Updates that came in meanwhile were kept, not sent: send them, then switch the live
         # stream over with no await in between (nothing lost, nothing twice).
         while history.last_seq > after:
@@ -366,7 +363,7 @@ class Reattach:
                 "complete": complete,
             }
         }
-        await client.send_wait(dumps(result_msg(msg["id"], answer)))
+        await client.send_wait(dumps(rpc.result(msg["id"], answer)))
         await self._send_log(
             client,
             "warning",

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _sessions as transitions
 from acp_bridge._capabilities import agent_selector
 from acp_bridge._jsonrpc import JsonRpcError, dumps
-from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._links import AgentState
 from acp_bridge._routing import SessionState, capture_setup
 from acp_bridge._store import AuditRecord
@@ -132,7 +132,7 @@ class Restore:
             self._hub.spawn(self._restore_session, client, msg, params, session, agent)
         elif method in ("session/close", "session/delete"):
             self._close_session(session, delete=method == "session/delete")
-            await client.send(dumps(result_msg(msg["id"], {})))
+            await client.send(dumps(rpc.result(msg["id"], {})))
         else:
             why = self._hub.unrestorable.get(session.bridge_id)
             raise JsonRpcError.resource_not_found(
@@ -146,7 +146,7 @@ class Restore:
         """An ended session whose agent id went to a new session: it can only be closed."""
         if msg["method"] in ("session/close", "session/delete"):
             self._close_session(session, delete=msg["method"] == "session/delete")
-            await client.send(dumps(result_msg(msg["id"], {})))
+            await client.send(dumps(rpc.result(msg["id"], {})))
             return
         raise JsonRpcError.resource_not_found(
             f"session {session.bridge_id!r} ended: agent {session.agent!r} restarted and gave "
@@ -197,7 +197,7 @@ class Restore:
                             "lastSeq": self._hub.history(session).last_seq,
                         }
                     }
-                    await client.send(dumps(result_msg(msg["id"], answer)))
+                    await client.send(dumps(rpc.result(msg["id"], answer)))
                     await self._attach(session, client)
                     return
                 finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _remote as remote
 from acp_bridge._approvals import Ask
 from acp_bridge._capabilities import CLIENT_METHOD_GATES, CONTAINED_PATHS
@@ -22,9 +23,6 @@ from acp_bridge._jsonrpc import (
     dumps,
     params_of,
 )
-from acp_bridge._jsonrpc import error as error_msg
-from acp_bridge._jsonrpc import notification as notification_msg
-from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._links import AgentLink, ClientLink
 from acp_bridge._routing import Forwarded, Session
 from acp_bridge._store import AuditRecord
@@ -124,8 +122,8 @@ class Reverse:
             if entry.session is not None:
                 entry.session.pending_permissions.discard(client_id)
             withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
-            agent.send_nowait(dumps(error_msg(request_id, withdrawn)))
-        await client.send(dumps(notification_msg("$/cancel_request", {"requestId": client_id})))
+            agent.send_nowait(dumps(rpc.error(request_id, withdrawn)))
+        await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
         if ask:
             # (Exactly once: a no-op if the client's answer settled it meanwhile.)
             await self._approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
@@ -141,7 +139,7 @@ class Reverse:
             return
         session.parked.remove(entry)
         withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
-        agent.send_nowait(dumps(error_msg(request_id, withdrawn)))
+        agent.send_nowait(dumps(rpc.error(request_id, withdrawn)))
 
     async def agent_request(self, agent: AgentLink, msg: JsonObject) -> None:
         """An agent's request of a client: routed by its session, gated, shown or answered."""
@@ -153,17 +151,17 @@ class Reverse:
             # its answer could then reach the agent's next process after a restart. (A
             # parked request is still in flight: it is shown again to the next connection.)
             duplicate = JsonRpcError.invalid_request(f"request id {agent_id!r} is in flight")
-            agent.answer(dumps(error_msg(agent_id, duplicate)))
+            agent.answer(dumps(rpc.error(agent_id, duplicate)))
             return
         sid = params.get("sessionId")
         session = self._sessions.find(agent.name, sid) if isinstance(sid, str) else None
         gate = CLIENT_METHOD_GATES.get(method)
         if gate is None and not method.startswith("_"):
-            agent.answer(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method))))
+            agent.answer(dumps(rpc.error(agent_id, JsonRpcError.method_not_found(method))))
             return
         if not remote.may_call_client(agent.config, method):
             why = "the client's files are not offered to a remote agent (client_fs = false)"
-            agent.answer(dumps(error_msg(agent_id, JsonRpcError.method_not_found(method, why))))
+            agent.answer(dumps(rpc.error(agent_id, JsonRpcError.method_not_found(method, why))))
             return
         if session is None:
             err = (
@@ -171,7 +169,7 @@ class Reverse:
                 if sid is not None
                 else JsonRpcError.method_not_found(method, "no session to route it by")
             )
-            agent.answer(dumps(error_msg(agent_id, err)))
+            agent.answer(dumps(rpc.error(agent_id, err)))
             return
         if self.requests_waiting(agent) >= self._config.bridge.max_agent_requests:
             await self._refuse_over_limit(agent, msg, params, session)
@@ -194,7 +192,7 @@ class Reverse:
         if gate is not None and not gate(client.capabilities):
             agent.answer(
                 dumps(
-                    error_msg(
+                    rpc.error(
                         agent_id,
                         JsonRpcError.method_not_found(
                             method, "the client did not advertise this capability"
@@ -261,7 +259,7 @@ class Reverse:
             f"too many requests in flight: {detail} (max_agent_requests)",
             {"maxAgentRequests": limit},
         )
-        agent.answer(dumps(error_msg(msg["id"], err)))
+        agent.answer(dumps(rpc.error(msg["id"], err)))
 
     def _find_parked(
         self, agent: AgentLink, agent_id: JsonRpcId
@@ -306,7 +304,7 @@ class Reverse:
             )
             agent.answer(
                 dumps(
-                    error_msg(
+                    rpc.error(
                         msg["id"],
                         JsonRpcError.invalid_params(f"{key} refused ({exc.reason}): {exc}"),
                     )
@@ -327,7 +325,7 @@ class Reverse:
         assert isinstance(agent, AgentLink)
         agent.inflight.pop(entry.origin_id, None)
         if entry.method == "elicitation/create":
-            agent.answer(dumps(result_msg(entry.origin_id, {"action": "decline"})))
+            agent.answer(dumps(rpc.result(entry.origin_id, {"action": "decline"})))
             if entry.session is not None:
                 await self._audit.record(
                     AuditRecord(
@@ -342,7 +340,7 @@ class Reverse:
         else:
             agent.answer(
                 dumps(
-                    error_msg(
+                    rpc.error(
                         entry.origin_id,
                         JsonRpcError(INTERNAL_ERROR, "no client is attached to this session"),
                     )

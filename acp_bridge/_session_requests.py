@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _remote as remote
 from acp_bridge._capabilities import (
     LOOK_ONLY_METHODS,
@@ -35,8 +36,6 @@ from acp_bridge._jsonrpc import (
     dumps,
     params_of,
 )
-from acp_bridge._jsonrpc import notification as notification_msg
-from acp_bridge._jsonrpc import result as result_msg
 from acp_bridge._links import AgentState
 from acp_bridge._routing import Forwarded, Session, SessionState, Setup, roots_of
 from acp_bridge._wire import attached_elsewhere
@@ -129,7 +128,7 @@ class SessionRequests:
                 await self._load_unknown(client, msg, params, sid)
                 return
             if method == "session/delete":
-                await client.send(dumps(result_msg(msg["id"], {})))  # unknown: silently fine
+                await client.send(dumps(rpc.result(msg["id"], {})))  # unknown: silently fine
                 return
             raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
         if session.parent is not None:
@@ -265,11 +264,11 @@ class SessionRequests:
         session (delete: its journal too).
         """
         agent.send_nowait(
-            dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
+            dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
         )
         await self._settle_permissions(session, "cancelled", "close")
         self._close_session(session, delete=msg["method"] == "session/delete")
-        await client.send(dumps(result_msg(msg["id"], {})))
+        await client.send(dumps(rpc.result(msg["id"], {})))
 
 
 __all__ = ["SessionRequests"]

@@ -23,10 +23,10 @@ import attrs
 import structlog
 import trio
 
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _remote as remote
 from acp_bridge._capabilities import has_session_cap
 from acp_bridge._jsonrpc import JsonObject, JsonRpcError, dumps
-from acp_bridge._jsonrpc import notification as notification_msg
 from acp_bridge._mcp_tools import AgentInfo, ChildStatus, ToolError
 from acp_bridge._routing import Forwarded, Session, SessionState, Setup
 from acp_bridge._subagent_core import (
@@ -249,7 +249,7 @@ class Subagents:
         client = self._visible(self._hub.sessions.get(child.parent))
         if client is not None:
             params = {"sessionId": child.parent, "update": update}
-            await client.send(dumps(notification_msg("session/update", params)))
+            await client.send(dumps(rpc.notification("session/update", params)))
 
     # ------------------------------------------------------------------ the tools
 
@@ -442,7 +442,7 @@ class Subagents:
             turns.append(turn)
             agent = self._hub.agents[session.agent]
             agent.send_nowait(
-                dumps(notification_msg("session/cancel", {"sessionId": session.agent_id}))
+                dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
             )
             await self._settle_session(session, "cancel")
         grace = self._hub.config.bridge.cancel_grace
@@ -473,7 +473,7 @@ class Subagents:
 
     async def _close_at_agent(self, agent: AgentLink, agent_sid: str) -> None:
         if not has_session_cap(agent.capabilities, "close"):
-            agent.send_nowait(dumps(notification_msg("session/cancel", {"sessionId": agent_sid})))
+            agent.send_nowait(dumps(rpc.notification("session/cancel", {"sessionId": agent_sid})))
             return
         with trio.move_on_after(CLOSE_TIMEOUT):
             try:

@@ -18,15 +18,13 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import trio
 
 from acp_bridge import __version__
+from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
 from acp_bridge._agent import AgentStartError, AgentTransport, StderrRing
 from acp_bridge._backoff import CrashLoop
 from acp_bridge._diagnostics import guess_level
 from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
-from acp_bridge._jsonrpc import error as error_msg
-from acp_bridge._jsonrpc import notification as notification_msg
-from acp_bridge._jsonrpc import request as request_msg
 from acp_bridge._links import AgentState, ClientLink, Waiter, pump_channel
 from acp_bridge._routing import SessionState
 from acp_bridge._wire import PROTOCOL_VERSION
@@ -315,13 +313,13 @@ class Supervisor:
         )
         for _, entry in agent.pending.drain():
             if isinstance(entry, Waiter):
-                entry.set(error_msg(None, err))
+                entry.set(rpc.error(None, err))
                 continue
             client = entry.origin
             assert isinstance(client, ClientLink)
             client.done(entry.origin_id)
             self._undo_forward(agent, entry, ok=False)
-            answer = dumps(error_msg(entry.origin_id, err))
+            answer = dumps(rpc.error(entry.origin_id, err))
             session = entry.session
             if client.closed and session is not None and session.client is None:
                 # Its connection is gone: held for whoever takes the session back.
@@ -336,7 +334,7 @@ class Supervisor:
                 continue
             del agent.inflight[agent_id]
             client.pending.pop(client_id)
-            await client.send(dumps(notification_msg("$/cancel_request", {"requestId": client_id})))
+            await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
         for session in self._sessions.of_agent(agent.name):
             session.state = SessionState.ENDED
             for entry in list(session.parked):
@@ -381,7 +379,7 @@ class Supervisor:
         waiter = Waiter()
         bridge_id = agent.pending.add(waiter)
         remote.map_to_agent(agent.config, method, params)
-        if not agent.send_nowait(dumps(request_msg(bridge_id, method, params))):
+        if not agent.send_nowait(dumps(rpc.request(bridge_id, method, params))):
             agent.pending.pop(bridge_id)
             raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is not accepting input")
         response = await waiter.wait()

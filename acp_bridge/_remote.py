@@ -22,10 +22,11 @@ rewrites the session's cwd and additionalDirectories from the client's paths to 
 on the way to the agent, and the agent's fs/terminal paths back before containment checks
 them against the session's roots (the client's paths).
 
-Not yet (issue 21, point 4): the sub-agent MCP server every session gets (DESIGN §9) must be
-reached from the far side, through ``acp-bridge mcp`` run over the same engine or a forwarded
-port. That server does not exist yet; when it does, its injection into ``session/new`` asks
-:func:`is_remote` (and :func:`location`) here how a remote agent reaches it.
+Not yet wired (issue 21, point 4): the sub-agent MCP server (DESIGN §9) listens on the
+bridge's loopback. An ssh agent can reach it through a reverse forward on its own connection
+(:func:`forward_to_bridge`). The remote port cannot simply be the bridge's own: when the
+"remote" host is this one (ssh to another user here), the bridge already holds that port and
+the forward fails. A launcher has no forward of its own.
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ if TYPE_CHECKING:
 __all__ = [
     "SSH_FAILED",
     "AgentConfig",
+    "ForwardingSsh",
     "PathMap",
     "SshConfig",
     "agent_argv",
     "death_reason",
+    "forward_to_bridge",
     "is_remote",
     "launcher_argv",
     "location",
@@ -96,6 +99,25 @@ class SshConfig:
     identity: str | None = None
     options: Mapping[str, str] = attrs.field(
         factory=lambda: types.MappingProxyType({}), converter=_frozen_options
+    )
+
+
+@attrs.frozen
+class ForwardingSsh(SshConfig):
+    """
+    An :class:`SshConfig` whose connection also forwards the remote's
+    ``127.0.0.1:remote_port`` to this machine's ``127.0.0.1:bridge_port`` (the MCP listener).
+    Made by :func:`forward_to_bridge` for one launch, never read from a config file.
+    """
+
+    remote_port: int = attrs.field(default=0, kw_only=True)
+    bridge_port: int = attrs.field(default=0, kw_only=True)
+
+
+def forward_to_bridge(ssh: SshConfig, remote_port: int, bridge_port: int) -> ForwardingSsh:
+    """``ssh`` with a reverse forward from the remote's loopback port to the bridge's."""
+    return ForwardingSsh(
+        **attrs.asdict(ssh, recurse=False), remote_port=remote_port, bridge_port=bridge_port
     )
 
 
@@ -213,6 +235,12 @@ def ssh_argv(ssh: SshConfig, line: str, *, connect_timeout: float) -> list[str]:
         argv += ["-l", ssh.user]
     if ssh.identity is not None:
         argv += ["-i", ssh.identity]
+    if isinstance(ssh, ForwardingSsh):
+        # Before the configured options, so ExitOnForwardFailure=yes wins: a remote port that
+        # is taken is a start error (ssh exits 255 saying so), not an agent whose sub-agent
+        # tools fail later.
+        forward = f"127.0.0.1:{ssh.remote_port}:127.0.0.1:{ssh.bridge_port}"
+        argv += ["-R", forward, "-o", "ExitOnForwardFailure=yes"]
     for name, value in ssh.options.items():
         argv += ["-o", f"{name}={value}"]
     defaults = [

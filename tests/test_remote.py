@@ -154,6 +154,25 @@ def test_ssh_takes_the_configured_options_over_the_defaults_but_never_over_batch
     assert settings_["forwardagent"] == "no"
 
 
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
+def test_a_forward_to_the_bridge_is_a_reverse_forward_that_must_succeed():
+    """The remote's loopback port to the bridge's; ExitOnForwardFailure=yes over the config's."""
+    ssh = SshConfig(host="h.example", options={"ExitOnForwardFailure": "no"})
+    forwarded = remote.forward_to_bridge(ssh, 40001, 35000)
+    assert forwarded.options == ssh.options
+    assert forwarded.host == "h.example"
+    argv = remote.agent_argv(agent(ssh=forwarded))
+    assert argv is not None
+    assert argv[argv.index("-R") + 1] == "127.0.0.1:40001:127.0.0.1:35000"
+    assert "-R" not in (remote.agent_argv(agent(ssh=ssh)) or [])
+    evaluated = subprocess.run(
+        ["ssh", "-G", "-F", "none", *argv[1:]], capture_output=True, text=True, check=True
+    ).stdout
+    settings_ = dict(line.split(" ", 1) for line in evaluated.splitlines() if " " in line)
+    assert settings_["remoteforward"] == "[127.0.0.1]:40001 [127.0.0.1]:35000"
+    assert settings_["exitonforwardfailure"] == "yes"
+
+
 def test_launcher_argv_is_the_prefix_then_env_then_the_command():
     kube = agent(launcher=("kubectl", "exec", "-i", "pod/agent-0", "--"), args=("x y",))
     assert remote.agent_argv(kube) == ["kubectl", "exec", "-i", "pod/agent-0", "--", "agent", "x y"]

@@ -23,6 +23,7 @@ Backpressure:
 from __future__ import annotations
 
 import collections
+import functools
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -57,7 +58,7 @@ from acp_bridge._routing import (
     SessionTable,
 )
 from acp_bridge._session_requests import SessionRequests
-from acp_bridge._subagents import Subagents
+from acp_bridge._subagents import Subagents, launch_config
 from acp_bridge._supervisor import Supervisor
 from acp_bridge._v2_face import V2Gate
 
@@ -221,6 +222,7 @@ class Bridge:
             forget=self.reattach.forget,
         )
         hub.sessions.on_remove = self.subagents.removed
+        self.supervisor.launch_config = functools.partial(launch_config, self.subagents)
         self.cancel = Cancel(
             hub,
             not_delivered=hub.not_delivered,

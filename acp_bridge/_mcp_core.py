@@ -37,6 +37,7 @@ from acp_bridge._mcp_tools import ALL_TOOLS, Invocation, check_arguments, error_
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from collections.abc import Set as AbstractSet
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -266,13 +267,19 @@ class McpCore:
     # ------------------------------------------------------------------ HTTP heads
 
     def judge(
-        self, method: str, target: str, headers: Sequence[tuple[str, str]], *, port: int
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        *,
+        port: int | AbstractSet[int],
     ) -> Admit | Answer:
         """
         What to do with a request head, before its body is read.
 
         ``headers``: (lower-case name, value) pairs. Checked in order: ``Host`` (a loopback
-        name with our port: DNS rebinding), no ``Origin`` (no browser has business here), the
+        name with our ``port``, or one of a set: ssh agents reach the listener through forwarded
+        ports of theirs; else DNS rebinding), no ``Origin`` (no browser has business here), the
         path, the method, the bearer token, and for POST the content type and length.
         """
         hosts = _values(headers, "host")
@@ -462,5 +469,6 @@ def _values(headers: Sequence[tuple[str, str]], name: str) -> list[str]:
     return [value for key, value in headers if key == name]
 
 
-def _loopback_hosts(port: int) -> frozenset[str]:
-    return frozenset(f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]"))
+def _loopback_hosts(port: int | AbstractSet[int]) -> frozenset[str]:
+    ports = {port} if isinstance(port, int) else port
+    return frozenset(f"{name}:{p}" for p in ports for name in ("127.0.0.1", "localhost", "[::1]"))

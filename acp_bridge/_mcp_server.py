@@ -92,6 +92,9 @@ class McpEndpoint:
             path=path,
         )
         self.port: int | None = None
+        #: agent name -> the remote port its ssh connection forwards here (one per agent: a
+        #: relaunch replaces it, so the set ``Host`` may name is bounded by the agents)
+        self.forwarded: dict[str, int] = {}
         self._max_connections = max_connections
         self._head_timeout = head_timeout
         self._body_timeout = body_timeout
@@ -136,7 +139,15 @@ class McpEndpoint:
         """The endpoint's URL (once listening)."""
         if self.port is None:
             raise RuntimeError("the MCP endpoint is not listening")
-        return f"http://127.0.0.1:{self.port}{self.core.path}"
+        return self.url_at(self.port)
+
+    def url_at(self, port: int) -> str:
+        """The endpoint's URL as seen through a loopback ``port`` forwarded to it."""
+        return f"http://127.0.0.1:{port}{self.core.path}"
+
+    def allow_port(self, agent: str, port: int) -> None:
+        """Requests may also name ``port`` in ``Host``: ``agent``'s forward to the listener."""
+        self.forwarded[agent] = port
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on 127.0.0.1, an ephemeral port; ``task_status.started(url)``; serve forever."""
@@ -165,18 +176,24 @@ class McpEndpoint:
         return self.url
 
     def server_entry(
-        self, token: str, *, http: bool, command: Sequence[str] | None = None
+        self,
+        token: str,
+        *,
+        http: bool,
+        command: Sequence[str] | None = None,
+        url: str | None = None,
     ) -> dict[str, Any]:
         """
         The ``mcpServers`` entry of a session: ``http`` when the agent advertises
         ``mcpCapabilities.http``, else stdio through ``acp-bridge mcp`` (``command``: how to
-        run this installation's ``acp-bridge``, default :func:`installed_command`).
+        run this installation's ``acp-bridge``, default :func:`installed_command`). ``url``:
+        where the agent reaches the listener (default :attr:`url`; see :meth:`url_at`).
         """
         if http:
             return {
                 "type": "http",
                 "name": "acp-bridge",
-                "url": self.url,
+                "url": self.url if url is None else url,
                 "headers": [{"name": "Authorization", "value": f"Bearer {token}"}],
             }
         argv = list(command) if command is not None else installed_command()
@@ -191,7 +208,7 @@ class McpEndpoint:
 
     async def handle_connection(self, stream: trio.abc.Stream, *, port: int | None = None) -> None:
         """Serve one request on ``stream`` and close it. ``port``: the one ``Host`` must name
-        (default: the listener's)."""
+        (default: the listener's), or one of :attr:`forwarded`."""
         async with stream:
             if self._connections >= self._max_connections:
                 await self._send(h11.Connection(h11.SERVER), stream, Answer(503, b"busy\n"))
@@ -218,7 +235,7 @@ class McpEndpoint:
             request.method.decode("ascii", "replace"),
             request.target.decode("latin-1"),
             headers,
-            port=-1 if port is None else port,
+            port={-1 if port is None else port, *self.forwarded.values()},
         )
         if isinstance(verdict, Answer):
             await self._send(conn, stream, verdict)

@@ -22,11 +22,11 @@ rewrites the session's cwd and additionalDirectories from the client's paths to 
 on the way to the agent, and the agent's fs/terminal paths back before containment checks
 them against the session's roots (the client's paths).
 
-Not yet wired (issue 21, point 4): the sub-agent MCP server (DESIGN §9) listens on the
-bridge's loopback. An ssh agent can reach it through a reverse forward on its own connection
-(:func:`forward_to_bridge`). The remote port cannot simply be the bridge's own: when the
-"remote" host is this one (ssh to another user here), the bridge already holds that port and
-the forward fails. A launcher has no forward of its own.
+Sub-agents: the bridge's MCP server (DESIGN §9) listens on the bridge's loopback. An ssh agent
+reaches it through a reverse forward on its own connection (:func:`forward_to_bridge`, wired by
+``_subagents.launch_config``). The remote port is not the bridge's own: when the "remote" host
+is this one (ssh to another user here), the bridge already holds that port. A launcher has no
+forward of its own: its agents are not offered the server.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
@@ -47,6 +48,7 @@ from acp_bridge._subagent_core import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
+    from acp_bridge._config import AgentConfig
     from acp_bridge._hub import Hub
     from acp_bridge._links import AgentLink, ClientLink
     from acp_bridge._mcp_server import McpEndpoint
@@ -138,10 +140,10 @@ class Subagents:
         """
         Add the ``acp-bridge`` entry to the ``mcpServers`` of a request that opens an agent
         session (a client's; a child's are offered in :meth:`spawn`). None: not offered
-        (disabled, a remote agent, which could not reach the loopback listener, or no
+        (disabled, an agent that cannot reach the listener: see :func:`reaches`, or no
         listener).
         """
-        if method not in OFFERED or not self._config.enabled or remote.is_remote(agent.config):
+        if method not in OFFERED or not self._config.enabled or not reaches(self, agent):
             return None
         depth = (
             0 if session is None or method == "session/fork" else self.tree.depth(session.bridge_id)
@@ -166,7 +168,9 @@ class Subagents:
         http = isinstance(mcp, dict) and mcp.get("http") is True
         servers = params.get("mcpServers")
         kept = [s for s in servers if _not_ours(s)] if isinstance(servers, list) else []
-        params["mcpServers"] = [*kept, self.endpoint.server_entry(token, http=http)]
+        port = self.endpoint.forwarded.get(agent.name) if agent.config.ssh is not None else None
+        url = None if port is None else self.endpoint.url_at(port)
+        params["mcpServers"] = [*kept, self.endpoint.server_entry(token, http=http, url=url)]
 
     async def offer_bound(self, agent: AgentLink, params: JsonObject, session: Session) -> None:
         """A load of the bridge's own (a session restored after a restart): offered, bound."""
@@ -316,7 +320,7 @@ class Subagents:
         except JsonRpcError as exc:
             raise ToolError(f"agent {agent.name!r} is not available: {exc.message}") from None
         params: JsonObject = {"cwd": cwd, "mcpServers": []}
-        token = await self._mint(depth) if not remote.is_remote(agent.config) else None
+        token = await self._mint(depth) if reaches(self, agent) else None
         if token is not None:
             self._add_entry(agent, params, token)
         agent.new_in_flight += 1
@@ -494,4 +498,48 @@ async def _first(event: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-__all__ = ["OFFERED", "Offer", "Subagents"]
+__all__ = ["OFFERED", "REMOTE_PORTS", "Offer", "Subagents", "launch_config", "reaches"]
+
+#: Where the remote end of an ssh agent's forward to the listener is drawn from, afresh at each
+#: launch: above Linux's default ephemeral range (32768-60999), so it is never the listener's
+#: own port when the "remote" host is this machine, nor an outgoing connection's there. Taken
+#: anyway: ssh exits 255 (ExitOnForwardFailure), a start error naming the host; the restart
+#: draws again.
+REMOTE_PORTS: Final = range(61000, 65536)
+
+
+def reaches(subagents: Subagents, agent: AgentLink) -> bool:
+    """
+    ``agent`` can reach the MCP listener: a local one; an ssh one whose connection forwards a
+    port to it (:func:`launch_config`) and that speaks http MCP (a stdio entry would need
+    ``acp-bridge`` installed on the far side). A launcher's engine forwards nothing.
+    """
+    if agent.config.ssh is None:
+        return agent.config.launcher is None
+    mcp = agent.capabilities.get("mcpCapabilities")
+    http = isinstance(mcp, dict) and mcp.get("http") is True
+    return http and agent.name in subagents.endpoint.forwarded
+
+
+async def launch_config(subagents: Subagents, config: AgentConfig) -> AgentConfig:
+    """
+    What an agent is launched with (``Supervisor.launch_config``): an ssh agent's connection
+    forwards a remote loopback port (drawn from :data:`REMOTE_PORTS`) to the MCP listener,
+    started now since the forward names its port, and the listener accepts that port in
+    ``Host``. Not forwarded (disabled, no listener): its sessions are not offered the server.
+    """
+    hub = subagents._hub
+    if config.ssh is None or not hub.config.subagents.enabled:
+        return config
+    assert hub.nursery is not None
+    try:
+        await subagents.endpoint.start(hub.nursery)
+    except (OSError, RuntimeError) as exc:
+        logger.warning("mcp_server_not_forwarded", agent=config.name, error=str(exc))
+    port = subagents.endpoint.port
+    if port is None:
+        subagents.endpoint.forwarded.pop(config.name, None)
+        return config
+    far = secrets.choice(REMOTE_PORTS)
+    subagents.endpoint.allow_port(config.name, far)
+    return attrs.evolve(config, ssh=remote.forward_to_bridge(config.ssh, far, port))

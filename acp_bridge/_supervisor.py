@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from acp_bridge._agent import Launcher
+    from acp_bridge._config import AgentConfig
     from acp_bridge._hub import Hub
     from acp_bridge._links import AgentLink
     from acp_bridge._routing import Forwarded
@@ -93,6 +94,8 @@ class Supervisor:
         self._approval_agent_gone = approval_agent_gone
         self._ask_type = ask_type
         self._sessions_ended = sessions_ended
+        #: what an agent is launched with, if not its config (the sub-agents' ssh forward)
+        self.launch_config: Callable[[AgentConfig], Awaitable[AgentConfig]] | None = None
 
     async def ensure_ready(self, agent: AgentLink) -> None:
         """
@@ -231,7 +234,10 @@ class Supervisor:
         self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]
     ) -> None:
         try:
-            agent.exit_status = await self._launcher(agent.config, task_status=task_status)
+            config = agent.config
+            if self.launch_config is not None:
+                config = await self.launch_config(config)
+            agent.exit_status = await self._launcher(config, task_status=task_status)
         finally:
             agent.exited.set()
 

@@ -163,6 +163,26 @@ def test_a_good_head_is_admitted_with_its_grant():
         assert verdict.grant is harness.tokens.check(token)
 
 
+def test_host_may_name_any_port_of_the_allowed_set_and_no_other():
+    """ssh agents reach the listener through forwarded ports: each is a Host the judge takes."""
+    harness = Harness()
+    token = harness.tokens.mint()
+    allowed = {PORT, 61234, 65000}
+    for port in sorted(allowed):
+        for name in ("127.0.0.1", "localhost", "[::1]"):
+            headers = [("host", f"{name}:{port}"), *head(token)[1:]]
+            verdict = harness.core.judge("POST", "/mcp", headers, port=allowed)
+            assert isinstance(verdict, Admit), (name, port)
+    for host in ("127.0.0.1:61235", "127.0.0.1", "evil.example:61234", "127.0.0.1:61234x"):
+        headers = [("host", host), *head(token)[1:]]
+        verdict = harness.core.judge("POST", "/mcp", headers, port=allowed)
+        assert isinstance(verdict, Answer), host
+        assert verdict.status == 403
+    # A single port is the set of one: a forwarded port is not taken unless given.
+    headers = [("host", "127.0.0.1:61234"), *head(token)[1:]]
+    assert isinstance(harness.core.judge("POST", "/mcp", headers, port=PORT), Answer)
+
+
 # --------------------------------------------------------------------------- messages
 
 

@@ -13,6 +13,7 @@ import functools
 import getpass
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import signal
@@ -32,6 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_bridge import _remote as remote
+from acp_bridge import _subagents as subagents_mod
 from acp_bridge._agent import make_in_process_launcher, make_subprocess_launcher
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._config import (
@@ -391,6 +393,22 @@ async def test_a_remote_agent_gets_no_fs_or_terminal_and_its_calls_are_refused()
     assert not any(m.get("method") == "fs/read_text_file" for m in client.received)
 
 
+@pytest.mark.parametrize("launcher", [None, ("kubectl", "exec", "-i", "pod/x", "--")])
+async def test_an_agent_behind_a_launcher_is_not_offered_the_subagent_server(launcher):
+    """A launcher's engine forwards no port to the bridge's loopback: no entry (a local is)."""
+    fake = FakeAgent("far")
+    config = fake_config(launcher=launcher)
+    with trio.fail_after(10):
+        async with open_bridge_with(config, make_in_process_launcher({"far": fake})) as (
+            client,
+            _,
+        ):
+            await client.new_session()
+    (new,) = [m for m in fake.received if m.get("method") == "session/new"]
+    names = [s.get("name") for s in new["params"]["mcpServers"]]
+    assert names == ([] if launcher else ["acp-bridge"])
+
+
 async def test_path_map_rewrites_session_dirs_and_maps_fs_paths_back_before_containment(tmp_path):
     here = tmp_path / "client proj"
     here.mkdir()
@@ -734,6 +752,56 @@ async def test_an_ssh_that_cannot_connect_is_a_start_error_naming_the_host(sshd,
     # Still a start error on the next try (a restart, with the same explanation).
     assert "ssh could not reach" in again["error"]["message"]
     assert state is AgentState.DEAD
+
+
+def far_and_near(ssh: SshConfig) -> Config:
+    """``far``: the demo agent over ssh (the default); ``near``: a local one, for its children."""
+    config = demo_over_ssh(ssh, "--chunk-delay", "0")
+    near = AgentConfig(name="near", command=DEMO[0], args=(*DEMO[1:], "--chunk-delay", "0"))
+    return attrs.evolve(config, agents={**config.agents, "near": near})
+
+
+@pytest.mark.e2e
+async def test_a_remote_agent_delegates_through_a_forwarded_port_to_a_local_child(sshd):
+    """
+    The far agent's session is offered the http entry on its own loopback, a port its ssh
+    connection forwards to the MCP listener (a different one: the "remote" host is this one);
+    its ``delegate`` spawns a child on the local agent and streams the child's text back.
+    """
+    with trio.fail_after(E2E_TIMEOUT):
+        launcher = make_subprocess_launcher(stop_grace=2)
+        async with open_bridge_with(far_and_near(sshd.ssh()), launcher) as (client, bridge):
+            sid = await client.new_session()
+            answer = await client.prompt(sid, "delegate near: count 3")
+            endpoint = bridge.subagents.endpoint
+            listener, forwarded = endpoint.port, dict(endpoint.forwarded)
+    assert answer["result"]["stopReason"] == "end_turn"
+    text = said(client, sid)
+    assert re.search(r"\[near \([^)]+\): 1 2 3\] \(end_turn\)", text), text
+    assert set(forwarded) == {"far"}
+    assert forwarded["far"] in subagents_mod.REMOTE_PORTS
+    assert forwarded["far"] != listener
+
+
+@pytest.mark.e2e
+async def test_a_taken_remote_port_is_a_start_error_naming_the_host(sshd, monkeypatch):
+    """ExitOnForwardFailure: ssh exits 255 when the remote port is taken, a start error."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(subagents_mod, "REMOTE_PORTS", range(port, port + 1))
+        with trio.fail_after(E2E_TIMEOUT):
+            launcher = make_subprocess_launcher(stop_grace=2)
+            config = far_and_near(sshd.ssh())
+            async with open_bridge_with(config, launcher, initialize=False) as (client, _):
+                response = await client.request(
+                    "initialize", {"protocolVersion": 1, "clientCapabilities": {}}
+                )
+    error = response["error"]
+    assert f"ssh could not reach {sshd.user}@127.0.0.1:{sshd.port}: " in error["message"]
+    assert error["data"]["exitStatus"] == 255
+    assert any(f"port {port}" in line for line in error["data"]["stderrTail"]), error
 
 
 # --- launchers: stand-in kubectl and docker ----------------------------------------------------

@@ -46,7 +46,7 @@ import attrs
 from acp_bridge._policy import render_key_path
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
     "SSH_FAILED",
@@ -413,15 +413,17 @@ def map_to_agent(config: AgentConfig, method: str, params: dict[str, object]) ->
     """
     if not config.path_map or method not in _SETUP_METHODS:
         return
-    paths = PathMap(config.path_map)
-    cwd = params.get("cwd")
+    _map_dirs(params, PathMap(config.path_map).to_remote)
+
+
+def _map_dirs(obj: dict[str, object], convert: Callable[[str], str]) -> None:
+    """A session's ``cwd`` and ``additionalDirectories`` in ``obj``, converted in place."""
+    cwd = obj.get("cwd")
     if isinstance(cwd, str):
-        params["cwd"] = paths.to_remote(cwd)
-    extra = params.get("additionalDirectories")
+        obj["cwd"] = convert(cwd)
+    extra = obj.get("additionalDirectories")
     if isinstance(extra, list):
-        params["additionalDirectories"] = [
-            paths.to_remote(d) if isinstance(d, str) else d for d in extra
-        ]
+        obj["additionalDirectories"] = [convert(d) if isinstance(d, str) else d for d in extra]
 
 
 def map_from_agent(config: AgentConfig, params: dict[str, object], key: str) -> None:
@@ -435,15 +437,7 @@ def map_listed_session(config: AgentConfig, info: dict[str, object]) -> None:
     """A ``session/list`` entry from the agent: its directories as the client's paths."""
     if not config.path_map:
         return
-    paths = PathMap(config.path_map)
-    cwd = info.get("cwd")
-    if isinstance(cwd, str):
-        info["cwd"] = paths.to_client(cwd)
-    extra = info.get("additionalDirectories")
-    if isinstance(extra, list):
-        info["additionalDirectories"] = [
-            paths.to_client(d) if isinstance(d, str) else d for d in extra
-        ]
+    _map_dirs(info, PathMap(config.path_map).to_client)
 
 
 # --- configuration checks --------------------------------------------------------------------

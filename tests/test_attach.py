@@ -14,7 +14,6 @@ import functools
 import itertools
 import json
 import os
-import re
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ from acp_bridge._jsonrpc import dumps, loads
 from acp_bridge._serve import serve_websocket
 from acp_bridge._token import TokenError
 
-from .fakes import FakeAgent, TestClient, make_config
+from .fakes import FakeAgent, TestClient, make_config, start_serve
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -937,20 +936,10 @@ async def test_attach_process_runs_a_turn_through_a_serve_process(tmp_path):
     serve_argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            serve = await trio.lowlevel.open_process(
-                serve_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env=env,
-            )  # fmt: skip
+            serve, url = await start_serve(nursery, serve_argv, env)
             nursery.start_soon(_reap, serve)
-            assert serve.stderr is not None
-            seen = b""
-            while (m := re.search(rb"listening on (ws://\S+)", seen)) is None:
-                chunk = await serve.stderr.receive_some(65536)
-                assert chunk, seen.decode(errors="replace")
-                seen += chunk
-            nursery.start_soon(_drain, serve.stderr)
             attach_argv = [
-                sys.executable, "-m", "acp_bridge", "attach", m.group(1).decode(),
+                sys.executable, "-m", "acp_bridge", "attach", url,
                 "--token-file", str(tmp_path / "token"),
             ]  # fmt: skip
             shim = await trio.lowlevel.open_process(
@@ -971,11 +960,6 @@ async def test_attach_process_runs_a_turn_through_a_serve_process(tmp_path):
             assert await shim.wait() == 0
             serve.terminate()
             assert await serve.wait() == 0
-
-
-async def _drain(stream: trio.abc.ReceiveStream) -> None:
-    while await stream.receive_some(65536):
-        pass
 
 
 async def _reap(proc: trio.Process) -> None:

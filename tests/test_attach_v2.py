@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from typing import Any
@@ -18,8 +17,8 @@ import trio
 
 from acp_bridge._attach_core import AttachCore, Phase
 from acp_bridge._attach_v2 import LOST_TURN
-from tests.fakes import TestClient
-from tests.test_attach import Relay, _drain, _reap, bridge_says, drain, feed, mentions
+from tests.fakes import TestClient, port_of, start_serve
+from tests.test_attach import Relay, _reap, bridge_says, drain, feed, mentions
 from tests.v2_schema import check_to_client
 
 V2_INIT = {"protocolVersion": 2, "info": {"name": "v2-editor", "version": "1"}}
@@ -219,19 +218,9 @@ async def test_a_v2_editor_through_attach_keeps_its_session_across_a_cut(tmp_pat
                 sys.executable, "-m", "acp_bridge", "serve", "--config", str(config),
                 "--experimental-v2",
             ]  # fmt: skip
-            serve = await trio.lowlevel.open_process(
-                serve_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env=env,
-            )  # fmt: skip
+            serve, url = await start_serve(nursery, serve_argv, env)
             nursery.start_soon(_reap, serve)
-            assert serve.stderr is not None
-            seen = b""
-            while (m := re.search(rb"listening on ws://127\.0\.0\.1:(\d+)", seen)) is None:
-                chunk = await serve.stderr.receive_some(65536)
-                assert chunk, seen.decode(errors="replace")
-                seen += chunk
-            nursery.start_soon(_drain, serve.stderr)
-            relay.target_port = int(m.group(1))
+            relay.target_port = port_of(url)
             attach_argv = [
                 sys.executable, "-m", "acp_bridge", "attach", f"ws://127.0.0.1:{relay_port}/acp",
                 "--token-file", str(tmp_path / "token"),

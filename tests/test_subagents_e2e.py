@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio_websocket
 
+from tests.fakes import port_of, start_serve
 from tests.peers import npm
 from tests.test_e2e import DEMO, BridgeProcess, _reap
 
@@ -237,40 +238,18 @@ async def test_a_parent_delegates_through_serve_mode(tmp_path):
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
     with trio.fail_after(TIMEOUT):
-        proc = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            assert proc.stderr is not None
-            seen = b""
-            while (m := re.search(rb"listening on ws://127\.0\.0\.1:(\d+)/acp", seen)) is None:
-                chunk = await proc.stderr.receive_some(65536)
-                assert chunk, seen.decode(errors="replace")
-                seen += chunk
-            port = int(m.group(1))
-            token = (tmp_path / "token").read_text().strip()
-
-            async def drain() -> None:
-                assert proc.stderr is not None
-                while await proc.stderr.receive_some(65536):
-                    pass
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drain)
-                got = await _ws_session(port, token, tmp_path)
-                nursery.cancel_scope.cancel()
-            sid, messages = got
-            text = text_of(messages, sid)
-            assert re.search(r"\[helper \(helper-\w+-1\): You said: hello\] \(end_turn\)", text)
-            assert session_ids(messages) == {sid}
-        finally:
-            proc.terminate()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
+        async with trio.open_nursery() as nursery:
+            proc, url = await start_serve(nursery, argv, env)
+            try:
+                token = (tmp_path / "token").read_text().strip()
+                sid, messages = await _ws_session(port_of(url), token, tmp_path)
+            finally:
+                proc.terminate()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+        text = text_of(messages, sid)
+        assert re.search(r"\[helper \(helper-\w+-1\): You said: hello\] \(end_turn\)", text)
+        assert session_ids(messages) == {sid}
 
 
 async def _ws_session(port: int, token: str, tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:

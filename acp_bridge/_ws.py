@@ -9,25 +9,30 @@ order of its checks, Host, path, upgrade, Origin, token and the connection cap, 
 ``_handshake.py``); a refusal is a tiny HTTP response written before any session data exists.
 The listener that hands connections here is ``_serve.py``.
 
-An accepted request is handed to trio-websocket, replaying the bytes already read, and
-answered with **101** and an ``Acp-Connection-Id`` header. Each WebSocket connection is then
-one ACP client of the bridge (:meth:`Bridge.open_client`, non-blocking): the first message
-must be ``initialize`` (else close 1002), each text frame is one JSON-RPC message, binary
-frames are ignored. A frame wsproto refuses (invalid UTF-8, unmasked, an unknown opcode) ends
-the connection with a close frame, 1007 or 1002: trio-websocket would only drop the TCP
-connection, so :meth:`_ReplayStream.send_close` sends the frame.
+An accepted request is answered with **101** and an ``Acp-Connection-Id`` header, and the
+bridge then reads and writes the WebSocket frames itself (``_ws_frames.py`` parses them): the
+task that handles a client's messages reads the socket (at once when data is there, as the
+pipes are read) and hands each message on with no task or channel between. Each WebSocket
+connection is one ACP client of the bridge (:meth:`Bridge.open_client`, non-blocking): the
+first message must be ``initialize`` (else close 1002), each text message is one JSON-RPC
+message, binary messages are ignored. Pings are answered, pongs settle our keepalive pings, a
+client's close frame is answered. A frame the parser refuses (invalid UTF-8, unmasked, an
+unknown opcode, ...) ends the connection with a close frame, 1007 or 1002, and the TCP
+connection is closed at once.
 
 Backpressure:
-    Inbound, trio-websocket holds at most one whole message beyond the one being handled; a
-    client that sends faster than the bridge takes is slowed down by TCP. A message over
-    ``max_message_bytes`` (counted in characters of text) closes the connection with 1009.
+    Inbound, the bridge reads a connection only when it has handled every message already
+    read; it holds at most one message (``max_message_bytes``) and one read (64 KiB) beyond
+    the message being handled. A client that sends faster than the bridge takes is slowed
+    down by TCP. A message over ``max_message_bytes`` bytes of payload closes the connection
+    with 1009 as soon as a frame header announces it (the payload is never buffered).
     Outbound, the bridge queues at most ``bridge.client_queue`` messages for a connection;
     when that queue overflows the bridge closes the link and the connection is closed with
     1008 (a reconnecting client gets its sessions back). A client that does not take a frame
     we send within ``ping_timeout`` seconds is cut off without a close frame: there is no
     way to deliver one to a peer that does not read. The writer frames what is queued
     itself and sends a burst in one write (:func:`~acp_bridge._handshake.text_frames`),
-    serialised with trio-websocket's own frames; nothing follows the close frame.
+    serialised with the control frames; nothing follows the close frame.
 
 Resource handling:
     At most ``max_connections`` WebSocket connections (then 503) and, apart from them,
@@ -44,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import struct
 import urllib.parse
 import uuid
 from typing import TYPE_CHECKING, Final
@@ -53,9 +57,8 @@ import attrs
 import h11
 import structlog
 import trio
-import trio_websocket
 
-from acp_bridge import _pipes as pipes
+from acp_bridge import _ws_frames as frames
 from acp_bridge._console import Console as ConsoleService
 from acp_bridge._console import LiveStream
 from acp_bridge._handshake import (
@@ -69,10 +72,12 @@ from acp_bridge._handshake import (
     is_initialize,
     judge,
     render_response,
-    text_frames,
 )
 from acp_bridge._status import METRICS_CONTENT_TYPE, render_metrics
 from acp_bridge._v2_face import V2Gate
+from acp_bridge._ws_conn import Closed as _Closed
+from acp_bridge._ws_conn import Frames as _Frames
+from acp_bridge._ws_conn import ReplayStream as _ReplayStream
 
 if TYPE_CHECKING:
     import ssl
@@ -103,123 +108,7 @@ CLOSE_TIMEOUT: Final = 2.0
 #: After an HTTP error response: how long, and how much, of the rest of the request is read.
 LINGER_SECONDS: Final = 1.0
 LINGER_BYTES: Final = 64 * 1024
-#: Messages trio-websocket may hold for us beyond the one being handled.
-_INBOUND_QUEUE: Final = 1
 _READ_CHUNK: Final = 4096
-
-
-class _ReplayStream(trio.abc.Stream):
-    """
-    The connection as trio-websocket sees it: the bytes already read come first.
-
-    Every write must complete within ``send_timeout`` seconds; one that does not marks the
-    stream broken (the peer stopped reading) and closes the transport.
-
-    Writes are serialised here, so the bridge's writer can send many text frames in one write
-    (:meth:`send_messages`) beside trio-websocket's own control frames; once trio-websocket
-    has sent its close frame, no data frame follows it.
-
-    Cancellation: a write in progress is finished first (within ``send_timeout``), so the
-    peer never gets half a frame.
-    """
-
-    def __init__(self, stream: trio.abc.Stream, prefix: bytes, *, send_timeout: float) -> None:
-        self._stream = stream
-        self._prefix = prefix
-        self._send_timeout = send_timeout
-        self._write_lock = trio.StrictFIFOLock()
-        self._fd = pipes.socket_fd(stream)
-        self.stalled = False
-        self.broken = False
-        #: the close frame went out (written by trio-websocket): no data frame may follow
-        self.close_sent = False
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._prefix:
-            await trio.lowlevel.checkpoint()
-            size = len(self._prefix) if max_bytes is None else max_bytes
-            chunk, self._prefix = self._prefix[:size], self._prefix[size:]
-            return chunk
-        return await self._stream.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        async with self._write_lock:
-            if data[:1] == b"\x88":  # (trio-websocket writes each frame by itself)
-                if self.close_sent:
-                    return  # one close frame only (send_close may have sent it)
-                self.close_sent = True
-            await self._write(data)
-
-    async def send_messages(self, messages: list[bytes]) -> bool:
-        """
-        Write each message (a JSON line, its newline dropped) as one unfragmented text frame,
-        all in one write. False, writing nothing, once the close frame is out.
-
-        When no other write is under way, the socket is offered the frames at once (no
-        scheduler round before the bytes move: a round trip's last hop); the rest, if the
-        socket does not take it all, is written as usual.
-        """
-        frames = text_frames(messages)
-        if self._fd is not None and not self.broken:
-            try:
-                self._write_lock.acquire_nowait()
-            except trio.WouldBlock:
-                pass
-            else:
-                try:
-                    if self.close_sent:
-                        return False
-                    sent = pipes.write_now(self._fd, frames)
-                    if sent < len(frames):
-                        await self._write(frames[sent:])
-                    return True
-                finally:
-                    self._write_lock.release()
-        async with self._write_lock:
-            if self.close_sent:
-                return False
-            await self._write(frames)
-            return True
-
-    async def _write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.broken:
-            raise trio.BrokenResourceError("an earlier write failed")
-        # Shielded: a frame is written whole even when the connection is being cancelled
-        # (half a frame would turn our close frame into garbage); the deadline still cuts
-        # off a peer that takes nothing.
-        deadline = trio.current_time() + self._send_timeout
-        with trio.CancelScope(deadline=deadline, shield=True) as scope:
-            try:
-                await self._stream.send_all(data)
-            except BaseException:
-                self.broken = True
-                raise
-        if scope.cancelled_caught:
-            self.broken = self.stalled = True
-            await trio.aclose_forcefully(self._stream)
-            raise trio.BrokenResourceError(f"the peer took nothing for {self._send_timeout:g}s")
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        if not self.close_sent and not self.broken:
-            # trio-websocket closes the connection without a close frame when wsproto finds
-            # a protocol error (invalid UTF-8, an unmasked frame, an unknown opcode): it is
-            # left open for the handler to send one (:meth:`send_close`); the handler
-            # closes the transport in any case.
-            return
-        await self._stream.aclose()
-
-    async def send_close(self, code: int, reason: str) -> None:
-        """Send the close frame trio-websocket did not send (if none went out), then close."""
-        payload = struct.pack("!H", code) + reason.encode()[:123]
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            async with self._write_lock:
-                if not self.close_sent:
-                    self.close_sent = True
-                    await self._write(bytes((0x88, len(payload))) + payload)
-        await self._stream.aclose()
 
 
 @attrs.define
@@ -334,16 +223,7 @@ class WebSocketFace:
                 await self._refuse_busy(stream, log)
                 return
             try:
-                async with trio.open_nursery() as nursery:
-                    # trio-websocket's reader task runs shielded, so that a cancelled
-                    # connection still completes its closing handshake; it ends with the
-                    # connection.
-                    reader_scope = trio.CancelScope(shield=True)
-                    ws_nursery: trio.Nursery = await nursery.start(_nursery_in, reader_scope)
-                    try:
-                        await self._handle(stream, ws_nursery, log, slot)
-                    finally:
-                        reader_scope.cancel()
+                await self._handle(stream, log, slot)
             finally:
                 self._pending.pop(slot, None)
         finally:
@@ -386,13 +266,11 @@ class WebSocketFace:
         finally:
             self._busy -= 1
 
-    async def _handle(
-        self, raw: trio.abc.Stream, nursery: trio.Nursery, log: Log, slot: _Handshake
-    ) -> None:
+    async def _handle(self, raw: trio.abc.Stream, log: Log, slot: _Handshake) -> None:
         accepted = None
         try:
             with slot.scope:
-                accepted = await self._handshake(raw, nursery, log)
+                accepted = await self._handshake(raw, log)
             if slot.scope.cancelled_caught:
                 log.info("ws_handshake_evicted" if slot.evicted else "ws_handshake_timeout")
         finally:
@@ -402,15 +280,15 @@ class WebSocketFace:
         if isinstance(accepted, LiveStream):
             await accepted.run()  # a console page's live channel: no handshake place held
             return
-        ws, conn_id, replay = accepted
+        ws, conn_id = accepted
         try:
-            await self._serve(ws, conn_id, replay)
+            await self._serve(ws, conn_id)
         finally:
             self._connections.discard(conn_id)
 
     async def _handshake(
-        self, raw: trio.abc.Stream, nursery: trio.Nursery, log: Log
-    ) -> tuple[trio_websocket.WebSocketConnection, str, _ReplayStream] | LiveStream | None:
+        self, raw: trio.abc.Stream, log: Log
+    ) -> tuple[_Frames, str] | LiveStream | None:
         stream: trio.abc.Stream = raw
         try:
             if self._ssl is not None:
@@ -429,7 +307,7 @@ class WebSocketFace:
         if isinstance(read, Refuse):
             await self._refuse(stream, read, log)
             return None
-        head, received = read
+        head, received, rest = read
         verdict = judge(head, self.policy, connections=len(self._connections))
         if isinstance(verdict, Refuse):
             await self._refuse(stream, verdict, log, method=head.method, path=_path_of(head))
@@ -452,16 +330,12 @@ class WebSocketFace:
             return None
         conn_id = str(uuid.uuid4())
         self._connections.add(conn_id)  # taken now: the cap counts handshakes being accepted
-        replay = _ReplayStream(stream, received, send_timeout=self._settings.ping_timeout)
+        # (What the client sent after the head, frames already, is read first.)
+        replay = _ReplayStream(stream, rest, send_timeout=self._settings.ping_timeout)
+        (key,) = head.values("sec-websocket-key")  # (the judge checked there is one)
         try:
-            request = await trio_websocket.wrap_server_stream(
-                nursery,
-                replay,
-                message_queue_size=_INBOUND_QUEUE,
-                max_message_size=self._settings.max_message_bytes,
-            )
-            ws = await request.accept(extra_headers=[(b"Acp-Connection-Id", conn_id.encode())])
-        except trio_websocket.ConnectionClosed:
+            await replay.send_all(frames.accept_response(key, [("Acp-Connection-Id", conn_id)]))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._connections.discard(conn_id)
             log.debug("ws_accept_failed")
             return None
@@ -469,7 +343,7 @@ class WebSocketFace:
             self._connections.discard(conn_id)
             raise
         self._accepted += 1
-        return ws, conn_id, replay
+        return _Frames(replay, self._settings.max_message_bytes), conn_id
 
     async def _refuse(
         self,
@@ -506,9 +380,7 @@ class WebSocketFace:
             content_type = "application/json"
         await _send_quietly(stream, render_response(200, body, content_type=content_type))
 
-    async def _serve(
-        self, ws: trio_websocket.WebSocketConnection, conn_id: str, replay: _ReplayStream
-    ) -> None:
+    async def _serve(self, ws: _Frames, conn_id: str) -> None:
         """One ACP client over one WebSocket, until either side ends it."""
         log = logger.bind(connection_id=conn_id)
         log.info("ws_connected", connections=len(self._connections))
@@ -519,12 +391,12 @@ class WebSocketFace:
         try:
             with ending.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, ws, client, ending, replay, gate)
+                    nursery.start_soon(self._writer, ws, client, ending, gate)
                     if self._settings.ping_interval > 0:
                         nursery.start_soon(self._keepalive, ws, ending)
                     if gate is not None:
                         nursery.start_soon(gate.feed)
-                    await self._reader(ws, client, ending, replay, gate)
+                    await self._reader(ws, client, ending, gate)
                     nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -532,116 +404,77 @@ class WebSocketFace:
                     await self._bridge.close_client(client, ending.reason)
                 if ending.code not in (1005, 1006):  # codes that are never sent
                     with trio.move_on_after(CLOSE_TIMEOUT):
-                        await ws.aclose(ending.code, _truncated(ending.reason))
-                        # (A protocol error: trio-websocket closed without sending it.)
-                        await replay.send_close(ending.code, _truncated(ending.reason))
+                        await ws.close(ending.code, _truncated(ending.reason))
             log.info("ws_closed", code=ending.code, reason=ending.reason)
 
     async def _reader(
-        self,
-        ws: trio_websocket.WebSocketConnection,
-        client: ClientLink,
-        ending: _Ending,
-        replay: _ReplayStream,
-        gate: V2Gate | None = None,
+        self, ws: _Frames, client: ClientLink, ending: _Ending, gate: V2Gate | None = None
     ) -> None:
         idle = self._settings.idle_timeout or math.inf
         handle = self._bridge.handle_client_line if gate is None else gate.line
         first = True
         while True:
-            message: str | bytes | None = None
-            with trio.move_on_after(idle):
+            message: bytes | None = None
+            with trio.move_on_after(idle) as waiting:
                 try:
-                    message = await ws.get_message()
-                except trio_websocket.ConnectionClosed as exc:
-                    ending.decide(*self._closed_by(exc, replay))
+                    message = await ws.next_message()
+                except _Closed as exc:
+                    ending.decide(exc.code, exc.reason)
                     return
-            if message is None:
+            if waiting.cancelled_caught:
                 ending.decide(1000, "idle")
                 return
-            if isinstance(message, bytes):
-                continue  # the transport RFD: binary frames are ignored
+            if message is None:
+                continue  # the transport RFD: binary messages are ignored
             if first:
-                if not is_initialize(message):
+                if not is_initialize(message.decode()):
                     ending.decide(1002, "the first message must be initialize")
                     return
                 first = False
-            await handle(client, message.encode())
+            await handle(client, message)
             if client.closed:
                 ending.decide(1008, client.close_reason or "closed by the bridge")
                 return
 
     async def _writer(
-        self,
-        ws: trio_websocket.WebSocketConnection,
-        client: ClientLink,
-        ending: _Ending,
-        replay: _ReplayStream,
-        gate: V2Gate | None = None,
+        self, ws: _Frames, client: ClientLink, ending: _Ending, gate: V2Gate | None = None
     ) -> None:
+        replay = ws.replay
+
         async def send(batch: list[bytes]) -> None:
             if client.closed:  # the link overflowed: what is still queued is not sent
                 raise _LinkClosed
             if gate is not None and not (batch := gate.outbound(batch)):
                 return
-            if ws.closed is not None:
-                raise trio_websocket.ConnectionClosed(ws.closed)
             # Many frames in one write: one system call (and one TCP segment, mostly) for a
-            # burst, instead of one per message through trio-websocket's send_message.
-            if not await replay.send_messages(batch):
-                raise trio_websocket.ConnectionClosed(ws.closed)
+            # burst, instead of one per message.
+            if ws.closed is not None or not await replay.send_messages(batch):
+                raise _Closed(*(ws.closed or (1006, "connection lost")))
 
         try:
             await client.pump_batches(send)
         except _LinkClosed:
             pass
-        except trio_websocket.ConnectionClosed as exc:
-            ending.decide(*self._closed_by(exc, replay))
+        except _Closed as exc:
+            ending.decide(exc.code, exc.reason)
             return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             ending.decide(1006, "client stopped reading" if replay.stalled else "connection lost")
             return
         ending.decide(1008, client.close_reason or "closed by the bridge")
 
-    def _closed_by(
-        self, exc: trio_websocket.ConnectionClosed, replay: _ReplayStream
-    ) -> tuple[int, str]:
-        """The (code, reason) of a connection trio-websocket found closed."""
-        reason = exc.reason
-        if replay.stalled:
-            return 1006, "client stopped reading"
-        if reason is None or reason.code == 1006:
-            return 1006, "connection lost"
-        if reason.code == 1009:
-            return 1009, f"message over {self._settings.max_message_bytes} bytes"
-        if reason.code in (1002, 1007) and not replay.close_sent and not replay.broken:
-            # No close frame went out, so none came in (trio-websocket answers one before
-            # it reports it to the reader): wsproto found a protocol error.
-            return reason.code, f"protocol error: {reason.reason or reason.name}"
-        return reason.code, f"closed by client: {reason.reason or reason.name}"
-
-    async def _keepalive(self, ws: trio_websocket.WebSocketConnection, ending: _Ending) -> None:
+    async def _keepalive(self, ws: _Frames, ending: _Ending) -> None:
         interval, timeout = self._settings.ping_interval, self._settings.ping_timeout
         while True:
             await trio.sleep(interval)
             with trio.move_on_after(timeout) as scope:
                 try:
                     await ws.ping()
-                except trio_websocket.ConnectionClosed:
+                except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
                     return  # the reader sees it too, and says why
             if scope.cancelled_caught:
                 ending.decide(1011, f"keepalive: no pong within {timeout:g}s")
                 return
-
-
-async def _nursery_in(
-    scope: trio.CancelScope, *, task_status: trio.TaskStatus[trio.Nursery]
-) -> None:
-    """Open a nursery inside ``scope`` and lend it out until ``scope`` is cancelled."""
-    with scope:
-        async with trio.open_nursery() as nursery:
-            task_status.started(nursery)
-            await trio.sleep_forever()
 
 
 def _truncated(reason: str) -> str:
@@ -679,9 +512,12 @@ def _request_head(event: h11.Request) -> RequestHead:
     )
 
 
-async def _read_head(stream: trio.abc.Stream) -> tuple[RequestHead, bytes] | Refuse | None:
+async def _read_head(
+    stream: trio.abc.Stream,
+) -> tuple[RequestHead, bytes, bytes] | Refuse | None:
     """
-    Read up to the end of an HTTP request head: the head and every byte read (to replay).
+    Read up to the end of an HTTP request head: the head, every byte read (to replay), and
+    the bytes read past the head (a WebSocket client's first frames).
 
     Returns None at EOF before a whole head, a :class:`Refuse` for a malformed one (400) or
     one over :data:`MAX_HEAD_BYTES` (431).
@@ -707,7 +543,7 @@ async def _read_head(stream: trio.abc.Stream) -> tuple[RequestHead, bytes] | Ref
             parser.receive_data(data)
             continue
         if isinstance(event, h11.Request):
-            return _request_head(event), bytes(received)
+            return _request_head(event), bytes(received), parser.trailing_data[0]
         return None
 
 

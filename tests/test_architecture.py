@@ -43,6 +43,7 @@ PURE: tuple[str, ...] = (
     "_wire",
     "_sessions",
     "_handshake",
+    "_ws_frames",
     "_demo_script",
     "_mcp_tools",
     "_mcp_core",

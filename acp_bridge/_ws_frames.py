@@ -232,10 +232,14 @@ def control_frame(opcode: int, payload: bytes = b"") -> bytes:
 
 
 def close_frame(code: int, reason: str) -> bytes:
-    """A close frame with ``code`` (none for 1005) and ``reason`` cut to fit 123 bytes."""
+    """
+    A close frame with ``code`` (none for 1005) and ``reason``, cut at a character's end to
+    fit 123 bytes.
+    """
     if code == 1005:
         return control_frame(CLOSE)
-    return control_frame(CLOSE, struct.pack("!H", code) + reason.encode()[:123])
+    cut = reason.encode()[:123].decode("utf-8", "ignore").encode()
+    return control_frame(CLOSE, struct.pack("!H", code) + cut)
 
 
 def accept_response(key: str, extra_headers: list[tuple[str, str]]) -> bytes:

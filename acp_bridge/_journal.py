@@ -113,15 +113,17 @@ class Journal:
         """Journal ``session``'s ``history`` (:meth:`updated` says when it has new entries)."""
         history.spill = functools.partial(self._keep, session)
 
-    def _keep(self, session: str, seq: int, data: bytes, live: bool) -> None:
-        """An entry of ``session`` its history trimmed before the journal took it."""
-        if self._spilled_count >= self.max_backlog:
+    def _keep(self, session: str, entries: list[tuple[int, bytes, bool]]) -> None:
+        """Entries of ``session`` its history trimmed before the journal took them."""
+        room = self.max_backlog - self._spilled_count
+        if len(entries) > room:
             if session not in self.gaps:
                 logger.error("journal_backlog_full", session=session)
             self.gaps.add(session)
-            return
-        self._spilled_count += 1
-        self._spilled.setdefault(session, []).append((seq, data, live))
+            entries = entries[: max(room, 0)]
+        if entries:
+            self._spilled_count += len(entries)
+            self._spilled.setdefault(session, []).extend(entries)
 
     def delete(self, bridge_id: str) -> None:
         self._sessions.pop(bridge_id, None)

@@ -14,9 +14,10 @@ agent and the client, never meet.
 
 from __future__ import annotations
 
-import collections
+import bisect
 import enum
 import itertools
+import operator
 import time
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 
 _logger = structlog.get_logger("acp_bridge.bridge")
+#: (the ``live`` flag of every entry :meth:`History.extend` keeps)
+_ALWAYS: Final = itertools.repeat(True)
+#: (of a history entry: seq, line, live)
+_SEQ: Final = operator.itemgetter(0)
+_LINE: Final = operator.itemgetter(1)
 
 
 class SessionState(enum.Enum):
@@ -54,11 +60,17 @@ class History:
     Every entry gets the next sequence number (from 1). Bounded by count and bytes: past
     either bound the oldest entries are trimmed, and :meth:`after` says when what was asked
     for is no longer all there.
+
+    The entries are a list read from ``_head`` on: trimming moves the head (and hands the
+    journal what it had not taken, in one call) instead of popping entries one by one, and
+    the list drops its dead front once that is half of it, so a session at its bound costs
+    the relay no Python per trimmed update.
     """
 
     __slots__ = (
         "_bytes",
         "_entries",
+        "_head",
         "journaled",
         "last_seq",
         "max_bytes",
@@ -67,14 +79,16 @@ class History:
     )
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
-        self._entries: collections.deque[tuple[int, bytes, bool]] = collections.deque()
+        #: (seq, line, live), oldest first, from ``_head`` on (before it: trimmed)
+        self._entries: list[tuple[int, bytes, bool]] = []
+        self._head = 0
         self._bytes = 0
         self.last_seq = 0
         #: the last sequence number handed to the journal (:meth:`take_unjournaled`, ``spill``)
         self.journaled = 0
-        #: called with (seq, line, live) of an entry the bounds trim before the journal took
-        #: it (the journal keeps it for its next commit); None: no journal
-        self.spill: Callable[[int, bytes, bool], None] | None = None
+        #: called with the entries (seq, line, live) the bounds trim before the journal took
+        #: them, oldest first (the journal keeps them for its next commit); None: no journal
+        self.spill: Callable[[list[tuple[int, bytes, bool]]], None] | None = None
         self.max_entries = max_entries
         self.max_bytes = max_bytes
 
@@ -83,7 +97,7 @@ class History:
         self.last_seq = self.journaled = seq
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) - self._head
 
     @property
     def total_bytes(self) -> int:
@@ -93,7 +107,7 @@ class History:
     @property
     def first_seq(self) -> int:
         """The oldest sequence number still kept (last_seq + 1 when empty)."""
-        return self._entries[0][0] if self._entries else self.last_seq + 1
+        return self._entries[self._head][0] if len(self) else self.last_seq + 1
 
     def append(self, data: bytes, *, live: bool = True) -> int:
         """
@@ -103,16 +117,47 @@ class History:
         a full replay includes it, a catch-up replay (:meth:`after` with ``live_only``) not.
         """
         self.last_seq += 1
-        entries = self._entries
-        entries.append((self.last_seq, data, live))
+        self._entries.append((self.last_seq, data, live))
         self._bytes += len(data)
-        while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
-            seq, line, flag = entries.popleft()
-            self._bytes -= len(line)
-            if seq > self.journaled and self.spill is not None:
-                self.journaled = seq
-                self.spill(seq, line, flag)
+        if len(self._entries) - self._head > self.max_entries or self._bytes > self.max_bytes:
+            self._trim()
         return self.last_seq
+
+    def extend(self, lines: list[bytes], size: int) -> int:
+        """
+        Keep several live messages at once (whole lines, ``size`` bytes in all), as many
+        :meth:`append` calls would; return the last one's sequence number.
+        """
+        first = self.last_seq + 1
+        self.last_seq += len(lines)
+        entries = self._entries
+        entries.extend(zip(range(first, self.last_seq + 1), lines, _ALWAYS, strict=False))
+        self._bytes += size
+        if len(entries) - self._head > self.max_entries or self._bytes > self.max_bytes:
+            self._trim()
+        return self.last_seq
+
+    def _trim(self) -> None:
+        """Drop the oldest entries past the bounds (the journal's are handed to ``spill``)."""
+        entries = self._entries
+        head = self._head
+        end = max(head, len(entries) - self.max_entries)
+        trimmed = entries[head:end]
+        size = self._bytes - sum(map(len, map(_LINE, trimmed)))
+        while size > self.max_bytes and end < len(entries):
+            size -= len(entries[end][1])
+            end += 1
+        if end - head > len(trimmed):
+            trimmed = entries[head:end]
+        self._bytes = size
+        if trimmed and self.spill is not None and trimmed[-1][0] > self.journaled:
+            unjournaled = trimmed[bisect.bisect_right(trimmed, self.journaled, key=_SEQ) :]
+            self.journaled = trimmed[-1][0]
+            self.spill(unjournaled)
+        if end > 4096 and 2 * end > len(entries):
+            del entries[:end]
+            end = 0
+        self._head = end
 
     def take_unjournaled(self) -> tuple[list[tuple[int, bytes, bool]], bool]:
         """
@@ -121,10 +166,9 @@ class History:
         for them, with no ``spill`` to hand them to).
         """
         count = self.last_seq - self.journaled
-        entries = self._entries
-        complete = count <= len(entries)
-        tail = list(itertools.islice(reversed(entries), min(count, len(entries))))
-        tail.reverse()
+        kept = len(self)
+        complete = count <= kept
+        tail = self._entries[len(self._entries) - min(count, kept) :] if count > 0 else []
         self.journaled = self.last_seq
         return tail, complete
 
@@ -136,9 +180,8 @@ class History:
         must tell its client to resync instead of pretending nothing is missing.
         """
         complete = seq + 1 >= self.first_seq
-        return [(n, d) for n, d, live in self._entries if n > seq and (live or not live_only)], (
-            complete
-        )
+        kept = itertools.islice(self._entries, self._head, None)
+        return [(n, d) for n, d, live in kept if n > seq and (live or not live_only)], complete
 
 
 @attrs.define(eq=False, slots=True)

@@ -926,3 +926,47 @@ async def test_only_the_owner_acts_on_a_session(tmp_path):
         await bridge.journal.wait_committed()
         assert bridge.sessions.get(sid) is None
         assert list(bridge.journal.store.sessions()) == []
+
+
+@hypothesis.given(
+    steps=st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(1, 40), min_size=1, max_size=12)),
+        max_size=30,
+    ),
+    max_entries=st.integers(1, 50),
+    max_bytes=st.integers(1, 600),
+    take_every=st.integers(1, 6),
+)
+def test_a_history_extended_by_runs_is_the_history_appended_line_by_line(
+    steps, max_entries, max_bytes, take_every
+):
+    """``History.extend`` (a run of updates relayed as one slice) keeps, trims, numbers and
+    hands the journal exactly what one ``append`` per line would, whatever the bounds."""
+    by_run = History(max_entries=max_entries, max_bytes=max_bytes)
+    by_line = History(max_entries=max_entries, max_bytes=max_bytes)
+    spilled_run: list[tuple[int, bytes, bool]] = []
+    spilled_line: list[tuple[int, bytes, bool]] = []
+    by_run.spill = spilled_run.extend
+    by_line.spill = spilled_line.extend
+    taken_run: list[object] = []
+    taken_line: list[object] = []
+    for n, (as_run, sizes) in enumerate(steps):
+        lines = [bytes([97 + n % 26]) * size + b"\n" for size in sizes]
+        if as_run:
+            last = by_run.extend(lines, sum(map(len, lines)))
+        else:
+            for line in lines:
+                last = by_run.append(line)
+        for line in lines:
+            assert by_line.append(line) <= last
+        if n % take_every == 0:
+            taken_run.append(by_run.take_unjournaled())
+            taken_line.append(by_line.take_unjournaled())
+    assert by_run.after(0) == by_line.after(0)
+    assert (by_run.last_seq, by_run.total_bytes, len(by_run)) == (
+        by_line.last_seq,
+        by_line.total_bytes,
+        len(by_line),
+    )
+    assert spilled_run == spilled_line
+    assert taken_run == taken_line

@@ -27,6 +27,7 @@ from acp_bridge._jsonrpc import (
     classify,
     dumps,
     loads,
+    rewrite_run_session_id,
     rewrite_session_id,
 )
 from acp_bridge._links import AgentLink, ClientLink, Waiter
@@ -231,17 +232,13 @@ class FromAgent:
         The hot path for a run the scan found: ``count`` plain updates of the agent's session
         ``sid``, the whole lines ``block[start:end]``, relayed as one slice (one queue
         entry, one history extension, one journal note) without decoding them. False, with
-        nothing done, when a line of it needs more than that (the session id rewritten, a
-        ``seq`` stamp, a sub-agent's watch, a trace, no room for all of them, an unknown
-        session): then each line takes :meth:`relay_update`'s way, as if there were no run.
+        nothing done, when a line of it needs more than that (a session id that cannot be
+        rewritten on the bytes, a ``seq`` stamp, a sub-agent's watch, a trace, no room for
+        all of them, an unknown session): then each line takes :meth:`relay_update`'s way,
+        as if there were no run.
         """
         session = self._sessions.find(agent.name, sid)
-        if (
-            session is None
-            or session.rewrite
-            or session.watch is not None
-            or self._tracer is not None
-        ):
+        if session is None or session.watch is not None or self._tracer is not None:
             return False
         client = session.client
         if (
@@ -250,8 +247,13 @@ class FromAgent:
             and (client.want_seq or not client.has_room(count))
         ):
             return False
-        self._counters["from_agent"] += count
         data = block if start == 0 and end == len(block) else block[start:end]
+        if session.rewrite:
+            rewritten = rewrite_run_session_id(data, count, session.agent_id, session.bridge_id)
+            if rewritten is None:
+                return False
+            data = rewritten
+        self._counters["from_agent"] += count
         history = session.history
         if history is not None and session.state is not _LOADING:
             # (the scan saw no CR but at a line's end: these are the run's messages)

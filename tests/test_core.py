@@ -304,6 +304,42 @@ def test_rewriting_on_the_bytes_declines_what_it_cannot_do_safely():
     assert rewrite(b'{"params":{"sessionId":"s1","u":"sessionId"}}', "s1", "x") is None
 
 
+@given(
+    old=_ids,
+    new=_ids,
+    updates=st.lists(
+        st.tuples(
+            _json_values,
+            st.dictionaries(st.sampled_from(["sessionId", "x", "_meta"]), _json_values),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_a_run_rewritten_on_the_bytes_is_each_of_its_lines_rewritten(old, new, updates):
+    """``rewrite_run_session_id`` over a run of lines either declines or gives exactly what
+    ``rewrite_session_id`` gives line by line (and declines whenever one line would)."""
+    lines = []
+    for update, extra, spaced in updates:
+        msg = {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": old, "update": {"v": update, **extra}},
+        }
+        encoder = _jsonrpc.json.JSONEncoder(
+            separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=spaced
+        )
+        lines.append(encoder.encode(msg).encode("utf-8", "surrogatepass"))
+    each = [_jsonrpc.rewrite_session_id(line, old, new) for line in lines]
+    run = _jsonrpc.rewrite_run_session_id(b"".join(x + b"\n" for x in lines), len(lines), old, new)
+    if None in each:
+        assert run is None
+    else:
+        assert run is not None
+        assert run == b"".join(x + b"\n" for x in each if x is not None)
+
+
 # ----------------------------------------------------------------------------- routing
 
 AGENTS = ["a", "b", "c"]

@@ -215,11 +215,27 @@ class FromAgent:
     async def _relay_part(
         self, agent: AgentLink, sid: str, block: bytes, start: int, end: int, count: int
     ) -> None:
-        """Relay a run (:meth:`relay_run`), or each of its lines when it cannot be."""
-        if not self.relay_run(agent, sid, block, start, end, count):
-            for line in block[start:end].split(b"\n")[:-1]:
-                if not self.relay_update(agent, line):
-                    await self.line(agent, line)
+        """
+        Relay a run: as one slice (:meth:`relay_run`), or as much of it as the client's queue
+        takes, then its next line the usual way (which waits for room), and so on; each
+        line the usual way when a slice cannot do.
+        """
+        while count:
+            done = self.relay_run(agent, sid, block, start, end, count)
+            if done < 0:  # (not as a slice: each line the usual way)
+                for line in block[start:end].split(b"\n")[:-1]:
+                    if not self.relay_update(agent, line):
+                        await self.line(agent, line)
+                return
+            if done == count:
+                return
+            if done:
+                start, count = _after_lines(block, start, done), count - done
+            nl = block.index(b"\n", start)
+            line = block[start:nl]
+            if not self.relay_update(agent, line):
+                await self.line(agent, line)  # (waits for room in the client's queue)
+            start, count = nl + 1, count - 1
 
     def _reader_turn(self) -> int:
         """Lines a busy agent reader handles before it lets the others run."""
@@ -227,31 +243,35 @@ class FromAgent:
 
     def relay_run(
         self, agent: AgentLink, sid: str, block: bytes, start: int, end: int, count: int
-    ) -> bool:
+    ) -> int:
         """
         The hot path for a run the scan found: ``count`` plain updates of the agent's session
         ``sid``, the whole lines ``block[start:end]``, relayed as one slice (one queue
-        entry, one history extension, one journal note) without decoding them. False, with
-        nothing done, when a line of it needs more than that (a session id that cannot be
-        rewritten on the bytes, a ``seq`` stamp, a sub-agent's watch, a trace, no room for
-        all of them, an unknown session): then each line takes :meth:`relay_update`'s way,
-        as if there were no run.
+        entry, one history extension, one journal note) without decoding them. Returns how
+        many were relayed: ``count``; fewer (maybe 0) when the client's queue has room for
+        only so many (the first of them were); -1, with nothing done, when the lines need
+        more than that (a session id that cannot be rewritten on the bytes, a ``seq`` stamp,
+        a sub-agent's watch, a trace, an unknown session): each line then takes
+        :meth:`relay_update`'s way, as if there were no run.
         """
         session = self._sessions.find(agent.name, sid)
         if session is None or session.watch is not None or self._tracer is not None:
-            return False
+            return -1
         client = session.client
-        if (
-            client is not None
-            and not client.closed
-            and (client.want_seq or not client.has_room(count))
-        ):
-            return False
+        if client is not None and not client.closed:
+            if client.want_seq:
+                return -1
+            room = client.room()
+            if room < count:
+                if room <= 0:
+                    return 0
+                end = _after_lines(block, start, room)
+                count = room
         data = block if start == 0 and end == len(block) else block[start:end]
         if session.rewrite:
             rewritten = rewrite_run_session_id(data, count, session.agent_id, session.bridge_id)
             if rewritten is None:
-                return False
+                return -1
             data = rewritten
         self._counters["from_agent"] += count
         history = session.history
@@ -262,7 +282,7 @@ class FromAgent:
                 self._journal.updated(session.bridge_id, history)
         if client is not None:
             client.put_run(data, count, session)
-        return True
+        return count
 
     def relay_update(self, agent: AgentLink, line: bytes | Oversize) -> bool:
         """

@@ -229,6 +229,10 @@ class ClientLink:
         """Whether ``count`` more messages fit in the queue now (the link may be closed)."""
         return self._queued + count <= self._limit
 
+    def room(self) -> int:
+        """How many more messages fit in the queue now (none while senders wait for room)."""
+        return 0 if self._senders else self._limit - self._queued
+
     async def send(self, data: bytes, session: object = None) -> None:
         """
         Queue bytes for the client (see the module's backpressure notes); ``session``: the

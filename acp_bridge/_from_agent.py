@@ -276,8 +276,7 @@ class FromAgent:
         self._counters["from_agent"] += count
         history = session.history
         if history is not None and session.state is not _LOADING:
-            # (the scan saw no CR but at a line's end: these are the run's messages)
-            history.extend(data.splitlines(keepends=True), len(data))
+            history.extend(data, count)
             if self._journal is not None:
                 self._journal.updated(session.bridge_id, history)
         if client is not None:

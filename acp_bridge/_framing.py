@@ -110,6 +110,47 @@ class LineDecoder:
             self._scanned = 0
         return out
 
+    def feed_block(self, data: bytes | bytearray) -> tuple[Oversize | None, bytes]:
+        """
+        Add ``data``; return the lines it completed as one block, each line with its
+        ``\\n`` (b"" if none), for a caller that scans a whole read at once
+        (``acp_bridge._scan``); blank lines and lines over the cap are left in the block for
+        that scan to find (it skips the one, reports the other). First: the marker of an
+        oversize line that was being dropped and ended in ``data`` (None if none).
+
+        Not to be mixed with :meth:`feed` on one decoder mid-line; the same bounds hold.
+        """
+        if type(data) is not bytes:
+            data = bytes(data)
+        marker = None
+        if self._discarding >= 0:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._discarding += len(data)
+                return None, b""
+            marker = Oversize(self._discarding + nl)
+            self._discarding = -1
+            data = data[nl + 1 :]
+        last = data.rfind(b"\n")
+        if last < 0:
+            buf = self._buf
+            buf += data
+            if len(buf) > self._max:
+                self._discarding = len(buf)
+                buf.clear()
+            self._scanned = len(buf)
+            return marker, b""
+        end = last + 1
+        if self._buf:
+            block = bytes(self._buf) + data[:end]
+            self._buf.clear()
+        else:
+            block = data if end == len(data) else data[:end]
+        self._scanned = 0
+        if end < len(data):
+            self._start_partial(data[end:], [])
+        return marker, block
+
     def _start_partial(self, rest: bytes, out: list[bytes | Oversize]) -> None:
         if len(rest) > self._max:
             self._discarding = len(rest)

@@ -17,6 +17,7 @@ import structlog
 import trio
 
 from acp_bridge import _jsonrpc as rpc
+from acp_bridge import _scan
 from acp_bridge._framing import LineDecoder, Oversize
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
@@ -26,6 +27,7 @@ from acp_bridge._jsonrpc import (
     classify,
     dumps,
     loads,
+    rewrite_run_session_id,
     rewrite_session_id,
 )
 from acp_bridge._links import AgentLink, ClientLink, Waiter
@@ -61,6 +63,8 @@ READ_ROUND_LINES: Final = 128
 READER_TURN_MIN: Final = 4
 #: (an enum member's lookup through its class costs ~70 ns on CPython 3.11: once per update)
 _LOADING: Final = SessionState.LOADING
+_RUN: Final = _scan.RUN
+_LINE: Final = _scan.LINE
 
 
 class AgentLog(Protocol):
@@ -139,27 +143,52 @@ class FromAgent:
         self, agent: AgentLink, stream: trio.abc.ReceiveStream, eof: trio.Event
     ) -> None:
         """Read one life of an agent's stdout until EOF (then ``eof`` is set)."""
-        decoder = LineDecoder(max_line_bytes=self._config.bridge.max_line_bytes)
+        cap = self._config.bridge.max_line_bytes
+        decoder = LineDecoder(max_line_bytes=cap)
         handle = self.line
         relay = self.relay_update
+        scan = _scan.scan
         chunk = self._read_chunk
         try:
             while data := await stream.receive_some(chunk):
-                lines = decoder.feed(data)
+                marker, block = decoder.feed_block(data)
+                if marker is not None:
+                    await handle(agent, marker)
                 yielded = False  # (just now, after the last line)
-                if lines:
+                if block:
                     self._busy_readers += 1
                     try:
                         turn = self._reader_turn()
-                        for line in lines:
-                            # Most lines are session updates, relayed without a coroutine.
-                            if not relay(agent, line):
-                                await handle(agent, line)
-                            turn -= 1
-                            yielded = not turn
+                        # The whole read at once: its lines found and the plain updates
+                        # among them told apart at C speed; a run of one session's plain
+                        # updates is relayed as one slice (docs/performance.md).
+                        for segment in scan(block, cap):
+                            kind = segment[0]
+                            if kind == _RUN:
+                                _, start, end, count, sid = segment
+                                while count > turn:
+                                    # (a run longer than the turn: its first part now, the
+                                    # rest after the others had their turn)
+                                    cut = _after_lines(block, start, turn)
+                                    await self._relay_part(agent, sid, block, start, cut, turn)
+                                    await trio.lowlevel.cancel_shielded_checkpoint()
+                                    start, count = cut, count - turn
+                                    turn = self._reader_turn()
+                                await self._relay_part(agent, sid, block, start, end, count)
+                                turn -= count
+                            else:
+                                if kind == _LINE:
+                                    line = block[segment[1] : segment[2]]
+                                    # (most other lines are updates that need a look)
+                                    if not relay(agent, line):
+                                        await handle(agent, line)
+                                else:
+                                    await handle(agent, Oversize(segment[1]))
+                                turn -= 1
+                            yielded = turn <= 0
                             if yielded:
                                 # One read can hold hundreds of lines: let the others in
-                                # (no line of the chunk is dropped on cancellation).
+                                # (no line of the read is dropped on cancellation).
                                 await trio.lowlevel.cancel_shielded_checkpoint()
                                 turn = self._reader_turn()
                     finally:
@@ -183,9 +212,76 @@ class FromAgent:
         if rest is not None:
             agent.log.warning("agent_partial_line_at_exit")
 
+    async def _relay_part(
+        self, agent: AgentLink, sid: str, block: bytes, start: int, end: int, count: int
+    ) -> None:
+        """
+        Relay a run: as one slice (:meth:`relay_run`), or as much of it as the client's queue
+        takes, then its next line the usual way (which waits for room), and so on; each
+        line the usual way when a slice cannot do.
+        """
+        while count:
+            done = self.relay_run(agent, sid, block, start, end, count)
+            if done < 0:  # (not as a slice: each line the usual way)
+                for line in block[start:end].split(b"\n")[:-1]:
+                    if not self.relay_update(agent, line):
+                        await self.line(agent, line)
+                return
+            if done == count:
+                return
+            if done:
+                start, count = _after_lines(block, start, done), count - done
+            nl = block.index(b"\n", start)
+            line = block[start:nl]
+            if not self.relay_update(agent, line):
+                await self.line(agent, line)  # (waits for room in the client's queue)
+            start, count = nl + 1, count - 1
+
     def _reader_turn(self) -> int:
         """Lines a busy agent reader handles before it lets the others run."""
         return max(READER_TURN_MIN, READ_ROUND_LINES // max(1, self._busy_readers))
+
+    def relay_run(
+        self, agent: AgentLink, sid: str, block: bytes, start: int, end: int, count: int
+    ) -> int:
+        """
+        The hot path for a run the scan found: ``count`` plain updates of the agent's session
+        ``sid``, the whole lines ``block[start:end]``, relayed as one slice (one queue
+        entry, one history extension, one journal note) without decoding them. Returns how
+        many were relayed: ``count``; fewer (maybe 0) when the client's queue has room for
+        only so many (the first of them were); -1, with nothing done, when the lines need
+        more than that (a session id that cannot be rewritten on the bytes, a ``seq`` stamp,
+        a sub-agent's watch, a trace, an unknown session): each line then takes
+        :meth:`relay_update`'s way, as if there were no run.
+        """
+        session = self._sessions.find(agent.name, sid)
+        if session is None or session.watch is not None or self._tracer is not None:
+            return -1
+        client = session.client
+        if client is not None and not client.closed:
+            if client.want_seq:
+                return -1
+            room = client.room()
+            if room < count:
+                if room <= 0:
+                    return 0
+                end = _after_lines(block, start, room)
+                count = room
+        data = block if start == 0 and end == len(block) else block[start:end]
+        if session.rewrite:
+            rewritten = rewrite_run_session_id(data, count, session.agent_id, session.bridge_id)
+            if rewritten is None:
+                return -1
+            data = rewritten
+        self._counters["from_agent"] += count
+        history = session.history
+        if history is not None and session.state is not _LOADING:
+            history.extend(data, count)
+            if self._journal is not None:
+                self._journal.updated(session.bridge_id, history)
+        if client is not None:
+            client.put_run(data, count, session)
+        return count
 
     def relay_update(self, agent: AgentLink, line: bytes | Oversize) -> bool:
         """
@@ -453,6 +549,14 @@ class FromAgent:
             session.state = SessionState.LISTED
             session.client = None
         return early
+
+
+def _after_lines(block: bytes, start: int, count: int) -> int:
+    """The index just past the ``count``-th line of ``block`` from ``start``."""
+    find = block.index
+    for _ in range(count):
+        start = find(b"\n", start) + 1
+    return start
 
 
 def live_id_reused(sessions: SessionTable, agent: AgentLink, result: Any) -> JsonRpcError | None:

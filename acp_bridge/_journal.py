@@ -15,9 +15,7 @@ as having a gap, which a later replay reports as "resync required".
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import operator
 import time
 from typing import TYPE_CHECKING, Final
@@ -27,7 +25,7 @@ import structlog
 import trio
 
 if TYPE_CHECKING:
-    from acp_bridge._routing import History
+    from acp_bridge._routing import Chunk, History
     from acp_bridge._store import SessionRow, Store
 
 logger = structlog.get_logger("acp_bridge.journal")
@@ -71,8 +69,8 @@ class Journal:
         self._sessions: dict[str, SessionRow] = {}
         #: sessions whose history has entries the journal has not taken: bridge id → history
         self._updated: dict[str, History] = {}
-        #: entries trimmed from a history before the journal took them, per session, in order
-        self._spilled: dict[str, list[tuple[int, bytes, bool]]] = {}
+        #: chunks trimmed from a history before the journal took them, per session, in order
+        self._spilled: dict[str, list[Chunk]] = {}
         self._spilled_count = 0
         self._deleted: list[str] = []
         #: sessions given another bridge id: (old, new), written before the rest of a commit
@@ -113,20 +111,23 @@ class Journal:
         """Journal ``session``'s ``history`` (:meth:`updated` says when it has new entries)."""
         history.spill = functools.partial(self._keep, session)
 
-    def _keep(self, session: str, seq: int, data: bytes, live: bool) -> None:
-        """An entry of ``session`` its history trimmed before the journal took it."""
-        if self._spilled_count >= self.max_backlog:
-            if session not in self.gaps:
-                logger.error("journal_backlog_full", session=session)
-            self.gaps.add(session)
-            return
-        self._spilled_count += 1
-        self._spilled.setdefault(session, []).append((seq, data, live))
+    def _keep(self, session: str, chunks: list[Chunk]) -> None:
+        """Chunks of ``session`` its history trimmed before the journal took them."""
+        kept = self._spilled.setdefault(session, [])
+        for chunk in chunks:
+            size = chunk[1] - chunk[0] + 1
+            if self._spilled_count + size > self.max_backlog:
+                if session not in self.gaps:
+                    logger.error("journal_backlog_full", session=session)
+                self.gaps.add(session)
+                break
+            self._spilled_count += size
+            kept.append(chunk)
 
     def delete(self, bridge_id: str) -> None:
         self._sessions.pop(bridge_id, None)
         self._updated.pop(bridge_id, None)
-        self._spilled_count -= len(self._spilled.pop(bridge_id, ()))
+        self._spilled_count -= entry_count(self._spilled.pop(bridge_id, []))
         self._deleted.append(bridge_id)
         self._wake.set()
 
@@ -227,7 +228,7 @@ class Journal:
         sessions, self._sessions = list(self._sessions.values()), {}
         updated, self._updated = self._updated, {}
         spilled, self._spilled, self._spilled_count = self._spilled, {}, 0
-        taken: list[tuple[str, list[tuple[int, bytes, bool]]]] = []
+        taken: list[tuple[str, list[Chunk]]] = []
         for session, history in updated.items():
             entries, complete = history.take_unjournaled()
             if not complete and session not in self.gaps:
@@ -239,7 +240,7 @@ class Journal:
             if entries:
                 taken.append((session, entries))
         taken += spilled.items()  # (trimmed, and not noted as updated since: not in practice)
-        count = sum(len(e) for _, e in taken)
+        count = sum(entry_count(e) for _, e in taken)
         deleted, self._deleted = self._deleted, []
         renamed, self._renamed = self._renamed, []
         added, self._pending_added = list(self._pending_added.values()), {}
@@ -272,57 +273,39 @@ class Journal:
         self._committed = trio.Event()
 
 
-def runs(session: str, entries: list[tuple[int, bytes, bool]], stamp: float) -> list[Row]:
-    """
-    Consecutive ``entries`` (seq, line, live) of a session as journal rows: runs of the same
-    ``live`` of up to ``RUN_MAX_BYTES``. The store splits a row of several entries at its
-    newlines, so each entry must be one newline-terminated line: the bridge records only
-    lines it framed (split at newlines) or encoded (JSON, newlines escaped). An entry that
-    does not end with a newline is written as a row of its own (checked at C speed: the
-    store's own cost per entry is about 0.45 us, a scan of every byte would add 0.17).
-    """
-    try:
-        whole = bytes(map(_LAST_BYTE, map(_LINE, entries))).count(b"\n") == len(entries)
-    except IndexError:  # (an empty entry)
-        whole = False
-    if whole:
-        return _runs(session, entries, stamp)
-    return [(session, seq, seq, int(live), stamp, data) for seq, data, live in entries]
+def entry_count(chunks: list[Chunk]) -> int:
+    """How many entries the chunks hold."""
+    return sum(last - first + 1 for first, last, _, _ in chunks)
 
 
-def _runs(session: str, entries: list[tuple[int, bytes, bool]], stamp: float) -> list[Row]:
-    """Split where ``live`` changes (a user's prompt) or a number is missing, then by size."""
-    flags = list(map(_LIVE, entries))
-    if False not in flags and entries[-1][0] - entries[0][0] == len(entries) - 1:
-        return _sized(session, entries, stamp, 1)
+def runs(session: str, chunks: list[Chunk], stamp: float) -> list[Row]:
+    """
+    Consecutive chunks of a session's history as journal rows: chunks of the same ``live``
+    with no number missing between them joined while the row stays within
+    ``RUN_MAX_BYTES`` (a chunk bigger than that is a row of its own: a run relayed as one
+    slice, about one read of an agent). The store splits a row at its newlines, so a chunk
+    of one entry that does not end with a newline is a row of its own.
+    """
     rows: list[Row] = []
-    start = 0
-    for end in range(1, len(entries) + 1):
-        if (
-            end == len(entries)
-            or flags[end] is not flags[start]
-            or entries[end][0] != entries[end - 1][0] + 1
+    pending: list[bytes] = []
+    size = 0
+    row_first = row_last = 0
+    row_live = True
+    for first, last, data, live in chunks:
+        if pending and (
+            live is not row_live
+            or first != row_last + 1
+            or size + len(data) > RUN_MAX_BYTES
+            or not pending[-1].endswith(b"\n")
+            or not data.endswith(b"\n")
         ):
-            rows += _sized(session, entries[start:end], stamp, int(flags[start]))
-            start = end
-    return rows
-
-
-def _sized(
-    session: str, entries: list[tuple[int, bytes, bool]], stamp: float, live: int
-) -> list[Row]:
-    """Runs of up to ``RUN_MAX_BYTES`` (at least one entry each), cut where the sum passes it."""
-    lines = list(map(_LINE, entries))
-    ends = list(itertools.accumulate(map(len, lines)))  # (bytes up to each entry, inclusive)
-    first = entries[0][0]
-    rows: list[Row] = []
-    start = 0
-    base = 0
-    while start < len(lines):
-        end = max(bisect.bisect_right(ends, base + RUN_MAX_BYTES, start), start + 1)
-        rows.append(
-            (session, first + start, first + end - 1, live, stamp, b"".join(lines[start:end]))
-        )
-        base = ends[end - 1]
-        start = end
+            rows.append((session, row_first, row_last, int(row_live), stamp, b"".join(pending)))
+            pending = []
+        if not pending:
+            row_first, row_live, size = first, live, 0
+        pending.append(data)
+        size += len(data)
+        row_last = last
+    if pending:
+        rows.append((session, row_first, row_last, int(row_live), stamp, b"".join(pending)))
     return rows

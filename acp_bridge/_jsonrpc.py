@@ -225,6 +225,22 @@ def rewrite_session_id(line: bytes, old: str, new: str) -> bytes | None:
     return line.replace(member, _SESSION_KEY + b":" + _fast_dumps(new), 1)
 
 
+def rewrite_run_session_id(data: bytes, count: int, old: str, new: str) -> bytes | None:
+    """
+    :func:`rewrite_session_id` for ``count`` whole lines at once (a run of one session's
+    updates, each with ``params.sessionId`` ``old``); None when any of them cannot be done
+    safely on the bytes. Each line holds the spelling ``"sessionId"`` at least once (its
+    member of ``params``), so as many of them as lines means exactly one each, and as many
+    compact ``"sessionId":"old"`` members means that one is it, in every line.
+    """
+    if b"\\u" in data or data.count(_SESSION_KEY) != count:
+        return None
+    member = _SESSION_KEY + b":" + _fast_dumps(old)
+    if data.count(member) != count:
+        return None
+    return data.replace(member, _SESSION_KEY + b":" + _fast_dumps(new))
+
+
 def classify(msg: Any) -> Kind:
     """
     Classify a decoded JSON value as a JSON-RPC 2.0 message.

@@ -117,6 +117,12 @@ class ClientLink:
         #: put is one append, and the writer takes everything queued at once)
         self._queue: collections.deque[bytes] = collections.deque()
         self._limit = queue_size
+        #: messages queued: an entry of the queue may hold a run of several (:meth:`put_run`)
+        self._queued = 0
+        #: how many more messages than entries the queue holds (0: every entry is one)
+        self._extra = 0
+        #: the last batch :meth:`_take` took held a run (:meth:`pump_batches` splits it)
+        self._took_runs = False
         #: answers written before the queue (:meth:`send_answer`), at most ``LANE_MAX``
         self._lane: collections.deque[bytes] = collections.deque()
         #: messages ever queued and ever taken from the queue: message number n (from 0) is
@@ -216,11 +222,16 @@ class ClientLink:
             self._barrier = n
         else:
             self._last_of[session] = n
+        self._queued += 1
         self._queue.append(data)
 
-    def has_room(self) -> bool:
-        """Whether :meth:`send` would queue at once (the link may be closed)."""
-        return len(self._queue) < self._limit
+    def has_room(self, count: int = 1) -> bool:
+        """Whether ``count`` more messages fit in the queue now (the link may be closed)."""
+        return self._queued + count <= self._limit
+
+    def room(self) -> int:
+        """How many more messages fit in the queue now (none while senders wait for room)."""
+        return 0 if self._senders else self._limit - self._queued
 
     async def send(self, data: bytes, session: object = None) -> None:
         """
@@ -236,7 +247,7 @@ class ClientLink:
         """
         if self.closed:
             return
-        if len(self._queue) < self._limit:
+        if self._queued < self._limit:
             self._put(data, session=session)
             return
         await self._send_when_room(data, session, None if self.blocking else OVERFLOW_WAIT)
@@ -281,7 +292,7 @@ class ClientLink:
         """
         if self.closed:
             return
-        if len(self._queue) < self._limit:  # (never while others wait: they fill it)
+        if self._queued < self._limit:  # (never while others wait: they fill it)
             self._put(data, session=session)
             return
         timeout = wait if wait is not None else float("inf")
@@ -300,7 +311,7 @@ class ClientLink:
     def send_nowait(self, data: bytes) -> bool:
         if self.closed:
             return False
-        if len(self._queue) >= self._limit:
+        if self._queued >= self._limit:
             self.close("client is not reading: outbound queue full")
             return False
         self._put(data)
@@ -311,12 +322,30 @@ class ClientLink:
         if not self.closed:
             self._put(data, direct=False, session=session)
 
+    def put_run(self, data: bytes, count: int, session: object) -> None:
+        """
+        Queue ``count`` relayed updates of ``session`` (consecutive whole lines, ``data``)
+        as one entry, when :meth:`has_room` said they fit: never waits, never writes. The
+        queue's bound counts them one by one.
+        """
+        if self.closed:
+            return
+        self._counters["to_client"] += count
+        if self._writer_lot:
+            self._writer_lot.unpark()
+        n = self._put_count
+        self._put_count = n + 1
+        self._last_of[session] = n
+        self._queued += count
+        self._extra += count - 1
+        self._queue.append(data)
+
     def queue_depth(self) -> int:
-        return len(self._queue) + len(self._lane)
+        return self._queued + len(self._lane)
 
     def offer(self, data: bytes) -> bool:
         """Queue a droppable message (diagnostics): never waits, never closes the link."""
-        if self.closed or len(self._queue) >= self._limit:
+        if self.closed or self._queued >= self._limit:
             return False
         self._put(data)
         return True
@@ -339,6 +368,7 @@ class ClientLink:
         """
         queue = self._queue
         lane = self._lane
+        self._took_runs = False
         while not queue and not lane:
             if self._finished:
                 return []
@@ -346,6 +376,8 @@ class ClientLink:
         if not lane and len(queue) == 1:
             batch = [queue.popleft()]
             self._taken += 1
+            self._took_runs = self._extra > 0
+            self._queued = self._extra = 0
         else:
             batch = []
             size = 0
@@ -358,7 +390,18 @@ class ClientLink:
                 data = queue.popleft()
                 batch.append(data)
                 size += len(data)
-            self._taken += len(batch) - taken
+            taken = len(batch) - taken
+            self._taken += taken
+            self._took_runs = self._extra > 0
+            if not queue:
+                self._queued = self._extra = 0
+            elif not self._extra:
+                self._queued -= taken
+            else:
+                # (runs among them: each message ends with the one newline of its line)
+                out = sum(entry.count(b"\n") for entry in batch[len(batch) - taken :])
+                self._queued -= out
+                self._extra -= out - taken
         if not queue:
             self._last_of.clear()  # (nothing of any session is queued)
         elif len(self._last_of) > 2 * self._limit:
@@ -366,7 +409,7 @@ class ClientLink:
             taken = self._taken
             self._last_of = {k: n for k, n in self._last_of.items() if n >= taken}
         senders = self._senders
-        while senders and len(queue) < self._limit:
+        while senders and self._queued < self._limit:
             task, (data, session) = senders.popitem(last=False)
             self._put(data, direct=False, session=session)
             trio.lowlevel.reschedule(task)
@@ -385,9 +428,12 @@ class ClientLink:
         """
         Hand what is queued to ``send``, a list of messages at a time (up to
         ``WRITE_BATCH_BYTES``), until the link finishes: for message transports that can
-        write several messages at once. Each message keeps its trailing newline.
+        write several messages at once. Each message keeps its trailing newline (a run
+        :meth:`put_run` queued is handed over as its messages).
         """
         while batch := await self._take(WRITE_BATCH_BYTES):
+            if self._took_runs:
+                batch = [line + b"\n" for e in batch for line in e.split(b"\n")[:-1]]
             await send(batch)
 
 

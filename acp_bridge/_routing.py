@@ -14,11 +14,10 @@ agent and the client, never meet.
 
 from __future__ import annotations
 
-import collections
 import enum
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypeVar
 
 import attrs
 import structlog
@@ -47,6 +46,30 @@ class SessionState(enum.Enum):
     STORED = "stored"
 
 
+#: A piece of a history: the updates numbered ``first`` to ``last``, their whole lines joined
+#: in ``data``, all ``live`` or none. One message kept alone is a chunk of one (its line may
+#: lack the newline); a run relayed as one slice is one chunk (``History.extend``).
+Chunk: TypeAlias = "tuple[int, int, bytes, bool]"
+
+
+def chunk_lines(chunk: Chunk) -> list[bytes]:
+    """The messages of a chunk, each with its line end."""
+    first, last, data, _ = chunk
+    # (a run holds no CR but at its lines' ends: the scan made sure, see _scan)
+    return [data] if first == last else data.splitlines(keepends=True)
+
+
+def split_chunk(chunk: Chunk, keep_from: int) -> tuple[Chunk, Chunk]:
+    """A chunk cut before message number ``keep_from`` (first < keep_from <= last)."""
+    first, last, _, live = chunk
+    lines = chunk_lines(chunk)
+    cut = keep_from - first
+    return (
+        (first, keep_from - 1, b"".join(lines[:cut]), live),
+        (keep_from, last, b"".join(lines[cut:]), live),
+    )
+
+
 class History:
     """
     The updates of one session as the bridge relayed them, numbered, for replay.
@@ -54,11 +77,19 @@ class History:
     Every entry gets the next sequence number (from 1). Bounded by count and bytes: past
     either bound the oldest entries are trimmed, and :meth:`after` says when what was asked
     for is no longer all there.
+
+    Kept as chunks (:data:`Chunk`): a run of updates relayed as one slice stays one piece of
+    bytes, so keeping it, trimming it and handing it to the journal cost no Python per
+    update. A chunk is cut into its lines only where a bound falls inside it and for a
+    replay. The chunks are a list read from ``_head`` on: trimming moves the head, and the
+    list drops its dead front once that is half of it.
     """
 
     __slots__ = (
         "_bytes",
-        "_entries",
+        "_chunks",
+        "_count",
+        "_head",
         "journaled",
         "last_seq",
         "max_bytes",
@@ -67,14 +98,17 @@ class History:
     )
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
-        self._entries: collections.deque[tuple[int, bytes, bool]] = collections.deque()
+        #: oldest first, from ``_head`` on (before it: trimmed)
+        self._chunks: list[Chunk] = []
+        self._head = 0
+        self._count = 0
         self._bytes = 0
         self.last_seq = 0
         #: the last sequence number handed to the journal (:meth:`take_unjournaled`, ``spill``)
         self.journaled = 0
-        #: called with (seq, line, live) of an entry the bounds trim before the journal took
-        #: it (the journal keeps it for its next commit); None: no journal
-        self.spill: Callable[[int, bytes, bool], None] | None = None
+        #: called with the chunks the bounds trim before the journal took them, oldest first
+        #: (the journal keeps them for its next commit); None: no journal
+        self.spill: Callable[[list[Chunk]], None] | None = None
         self.max_entries = max_entries
         self.max_bytes = max_bytes
 
@@ -83,7 +117,7 @@ class History:
         self.last_seq = self.journaled = seq
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     @property
     def total_bytes(self) -> int:
@@ -93,7 +127,7 @@ class History:
     @property
     def first_seq(self) -> int:
         """The oldest sequence number still kept (last_seq + 1 when empty)."""
-        return self._entries[0][0] if self._entries else self.last_seq + 1
+        return self._chunks[self._head][0] if self._count else self.last_seq + 1
 
     def append(self, data: bytes, *, live: bool = True) -> int:
         """
@@ -102,31 +136,82 @@ class History:
         ``live=False`` marks what the live stream never carried (the user's own prompts):
         a full replay includes it, a catch-up replay (:meth:`after` with ``live_only``) not.
         """
-        self.last_seq += 1
-        entries = self._entries
-        entries.append((self.last_seq, data, live))
+        seq = self.last_seq = self.last_seq + 1
+        self._chunks.append((seq, seq, data, live))
+        self._count += 1
         self._bytes += len(data)
-        while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
-            seq, line, flag = entries.popleft()
-            self._bytes -= len(line)
-            if seq > self.journaled and self.spill is not None:
-                self.journaled = seq
-                self.spill(seq, line, flag)
-        return self.last_seq
+        if self._count > self.max_entries or self._bytes > self.max_bytes:
+            self._trim()
+        return seq
 
-    def take_unjournaled(self) -> tuple[list[tuple[int, bytes, bool]], bool]:
+    def extend(self, data: bytes, count: int) -> int:
         """
-        The entries the journal has not taken yet, oldest first, now counted as taken; and
+        Keep ``count`` live messages at once: whole lines, ``data``, with no CR but at a
+        line's end (a run the scan found); return the last one's sequence number.
+        """
+        first = self.last_seq + 1
+        last = self.last_seq = self.last_seq + count
+        self._chunks.append((first, last, data, True))
+        self._count += count
+        self._bytes += len(data)
+        if self._count > self.max_entries or self._bytes > self.max_bytes:
+            self._trim()
+        return last
+
+    def _trim(self) -> None:
+        """Drop the oldest entries past the bounds (the journal's are handed to ``spill``)."""
+        chunks = self._chunks
+        head = self._head
+        trimmed: list[Chunk] = []
+        while self._count > self.max_entries or self._bytes > self.max_bytes:
+            chunk = chunks[head]
+            first, last, data, _ = chunk
+            size = last - first + 1
+            drop = max(self._count - self.max_entries, 0)
+            excess = self._bytes - self.max_bytes
+            if drop < size and excess > 0:
+                if excess >= len(data):
+                    drop = size
+                else:
+                    # The byte bound falls inside this chunk: the fewest lines that meet it.
+                    sizes = itertools.accumulate(map(len, chunk_lines(chunk)))
+                    drop = max(drop, next(n for n, total in enumerate(sizes, 1) if total >= excess))
+            if drop >= size:
+                trimmed.append(chunk)
+                head += 1
+                self._count -= size
+                self._bytes -= len(data)
+            else:
+                gone, chunks[head] = split_chunk(chunk, first + drop)
+                trimmed.append(gone)
+                self._count -= drop
+                self._bytes -= len(gone[2])
+        if self.spill is not None and trimmed[-1][1] > self.journaled:
+            unjournaled = [c for c in trimmed if c[1] > self.journaled]
+            self.journaled = trimmed[-1][1]
+            self.spill(unjournaled)
+        if head > 1024 and 2 * head > len(chunks):
+            del chunks[:head]
+            head = 0
+        self._head = head
+
+    def take_unjournaled(self) -> tuple[list[Chunk], bool]:
+        """
+        The chunks the journal has not taken yet, oldest first, now counted as taken; and
         whether that is all of them (False: the bounds trimmed some before the journal came
         for them, with no ``spill`` to hand them to).
         """
-        count = self.last_seq - self.journaled
-        entries = self._entries
-        complete = count <= len(entries)
-        tail = list(itertools.islice(reversed(entries), min(count, len(entries))))
-        tail.reverse()
+        journaled = self.journaled
+        chunks = self._chunks
+        start = len(chunks)
+        while start > self._head and chunks[start - 1][1] > journaled:
+            start -= 1
+        taken = chunks[start:]
+        if taken and taken[0][0] <= journaled:  # (never in practice: taken whole)
+            taken[0] = split_chunk(taken[0], journaled + 1)[1]
+        complete = taken[0][0] == journaled + 1 if taken else self.last_seq == journaled
         self.journaled = self.last_seq
-        return tail, complete
+        return taken, complete
 
     def after(self, seq: int, *, live_only: bool = False) -> tuple[list[tuple[int, bytes]], bool]:
         """
@@ -136,9 +221,16 @@ class History:
         must tell its client to resync instead of pretending nothing is missing.
         """
         complete = seq + 1 >= self.first_seq
-        return [(n, d) for n, d, live in self._entries if n > seq and (live or not live_only)], (
-            complete
-        )
+        out: list[tuple[int, bytes]] = []
+        for chunk in itertools.islice(self._chunks, self._head, None):
+            first, last, data, live = chunk
+            if last <= seq or not (live or not live_only):
+                continue
+            if first == last:
+                out.append((first, data))
+            else:
+                out += [(n, line) for n, line in enumerate(chunk_lines(chunk), first) if n > seq]
+        return out, complete
 
 
 @attrs.define(eq=False, slots=True)

@@ -23,7 +23,7 @@ async def drain(client: ClientLink) -> list[bytes]:
     out: list[bytes] = []
     queued = client.queue_depth()
     while len(out) < queued:
-        out += [m.rstrip(b"\n") for m in await client._take(1 << 20)]
+        out += [m for e in await client._take(1 << 20) for m in e.splitlines()]
     return out
 
 
@@ -100,6 +100,7 @@ async def test_the_writer_takes_the_lane_first_and_the_queue_after_it_in_one_wri
 _ops = st.lists(
     st.one_of(
         st.tuples(st.just("update"), st.sampled_from("ABC")),
+        st.tuples(st.just("run"), st.sampled_from("ABC")),
         st.tuples(st.just("answer"), st.sampled_from("ABC")),
         st.tuples(st.just("note"), st.none()),
         st.tuples(st.just("take"), st.integers(1, 40)),
@@ -120,7 +121,12 @@ def test_property_the_lane_keeps_each_sessions_order(ops):
                 if client.queue_depth():
                     out.extend(await client._take(arg))
                 continue
+            n *= 10  # (numbered in the order sent: a run's three updates n, n+1, n+2)
             data = f"{n}\n".encode()
+            if op == "run":
+                sent += [("update", arg, n + k) for k in range(3)]
+                client.put_run(b"".join(f"{n + k}\n".encode() for k in range(3)), 3, arg)
+                continue
             sent.append((op, arg, n))
             if op == "update":
                 client.put_update(data, arg)
@@ -130,7 +136,7 @@ def test_property_the_lane_keeps_each_sessions_order(ops):
                 await client.send(data)
         while client.queue_depth():
             out.extend(await client._take(1 << 20))
-        order = [int(m) for m in out]
+        order = [int(m) for e in out for m in e.splitlines()]
         assert sorted(order) == [n for _, _, n in sent]  # each exactly once
         position = {n: i for i, n in enumerate(order)}
         for session in "ABC":
@@ -162,3 +168,41 @@ async def test_two_bridges_in_one_process_count_their_own_ids():
         3,
     ]
     assert b1.pending.add(object()) == 1
+
+
+async def test_a_run_counts_each_of_its_messages_against_the_bound():
+    """A run of updates queued as one entry (``put_run``) takes as many places in the
+    bounded queue as it has messages, and gives them back when written."""
+    client = link(queue_size=10)
+    assert client.has_room(10)
+    assert not client.has_room(11)
+    client.put_run(b"1\n2\n3\n4\n5\n6\n", 6, "A")
+    assert client.queue_depth() == 6
+    assert client.has_room(4)
+    assert not client.has_room(5)
+    for n in range(4):
+        await client.send(f"x{n}\n".encode(), "B")
+    assert not client.has_room()
+    with trio.move_on_after(0) as blocked:  # (a blocking link waits for room)
+        await client.send(b"waits\n", "B")
+    assert blocked.cancelled_caught
+    assert await drain(client) == [b"1", b"2", b"3", b"4", b"5", b"6", b"x0", b"x1", b"x2", b"x3"]
+    assert client.queue_depth() == 0
+    assert client.has_room(10)
+
+
+async def test_a_message_transport_gets_a_run_as_its_messages():
+    """``pump_batches`` (WebSocket: one frame per message) hands a run over message by
+    message, each with its newline, in order with what was queued around it."""
+    client = link()
+    await client.send(b"before\n")
+    client.put_run(b"u1\nu2\r\nu3\n", 3, "A")
+    await client.send(b"after\n", "A")
+    client.finish()
+    batches: list[list[bytes]] = []
+
+    async def send(batch: list[bytes]) -> None:
+        batches.append(batch)
+
+    await client.pump_batches(send)
+    assert [m for b in batches for m in b] == [b"before\n", b"u1\n", b"u2\r\n", b"u3\n", b"after\n"]

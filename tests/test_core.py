@@ -68,6 +68,40 @@ def test_oversize_lines_become_markers_and_memory_stays_bounded(sizes, chunk):
     assert out == expected
 
 
+def _block_lines(block: bytes, cap: int) -> list[bytes | Oversize]:
+    """The lines of a block as :meth:`LineDecoder.feed` gives them (what the scan does)."""
+    assert not block or block.endswith(b"\n")
+    lines = block.split(b"\n")[:-1]
+    return [Oversize(len(x)) if len(x) > cap else x for x in lines if x and x != b"\r"]
+
+
+@given(
+    data=st.binary(max_size=2000).map(lambda b: b.replace(b"a", b"\n").replace(b"b", b"\r")),
+    cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=30),
+    cap=st.integers(min_value=1, max_value=120),
+)
+def test_a_decoder_fed_blocks_yields_what_it_yields_fed_lines(data, cuts, cap):
+    """``feed_block`` (a read's complete lines in one block, for the scan) holds the same
+    lines as ``feed``, however the stream is cut, with the same bound on what it holds."""
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    by_line, by_block = LineDecoder(max_line_bytes=cap), LineDecoder(max_line_bytes=cap)
+    lines: list[bytes | Oversize] = []
+    blocks: list[bytes | Oversize] = []
+    start = 0
+    for point in [*points, len(data)]:
+        piece = data[start:point]
+        start = point
+        lines += by_line.feed(piece)
+        marker, block = by_block.feed_block(bytearray(piece))
+        if marker is not None:
+            blocks.append(marker)
+        blocks += _block_lines(block, cap)
+        assert by_block.pending <= cap
+        assert by_block.discarding == by_line.discarding
+    assert blocks == lines
+    assert by_block.feed_eof() == by_line.feed_eof()
+
+
 def test_empty_lines_are_skipped_and_a_fragment_is_returned_at_eof():
     decoder = LineDecoder()
     assert decoder.feed(b'\n\r\n{}\n{"a"') == [b"{}"]
@@ -268,6 +302,42 @@ def test_rewriting_on_the_bytes_declines_what_it_cannot_do_safely():
     assert rewrite(b'{"params":{"sessionId": "s1"}}', "s1", "x") is None
     assert rewrite(b'{"params":{"session\\u0049d":"s1","u":{"sessionId":"s1"}}}', "s1", "x") is None
     assert rewrite(b'{"params":{"sessionId":"s1","u":"sessionId"}}', "s1", "x") is None
+
+
+@given(
+    old=_ids,
+    new=_ids,
+    updates=st.lists(
+        st.tuples(
+            _json_values,
+            st.dictionaries(st.sampled_from(["sessionId", "x", "_meta"]), _json_values),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_a_run_rewritten_on_the_bytes_is_each_of_its_lines_rewritten(old, new, updates):
+    """``rewrite_run_session_id`` over a run of lines either declines or gives exactly what
+    ``rewrite_session_id`` gives line by line (and declines whenever one line would)."""
+    lines = []
+    for update, extra, spaced in updates:
+        msg = {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": old, "update": {"v": update, **extra}},
+        }
+        encoder = _jsonrpc.json.JSONEncoder(
+            separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=spaced
+        )
+        lines.append(encoder.encode(msg).encode("utf-8", "surrogatepass"))
+    each = [_jsonrpc.rewrite_session_id(line, old, new) for line in lines]
+    run = _jsonrpc.rewrite_run_session_id(b"".join(x + b"\n" for x in lines), len(lines), old, new)
+    if None in each:
+        assert run is None
+    else:
+        assert run is not None
+        assert run == b"".join(x + b"\n" for x in each if x is not None)
 
 
 # ----------------------------------------------------------------------------- routing

@@ -23,7 +23,7 @@ from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._journal import RUN_MAX_BYTES, Journal, runs
-from acp_bridge._routing import History, SessionState
+from acp_bridge._routing import History, SessionState, chunk_lines
 from acp_bridge._store import JournalEntry, SessionRow, open_store
 
 from .fakes import FakeAgent, TestClient, connect, make_config, open_bridge
@@ -794,7 +794,8 @@ def test_journal_rows_are_greedy_runs_of_one_live_flag_up_to_run_max_bytes(shape
             row.append(entry)
         else:
             expected.append([entry])
-    assert runs("s", entries, 1.5) == [
+    chunks = [(seq, seq, line, live) for seq, line, live in entries]
+    assert runs("s", chunks, 1.5) == [
         ("s", row[0][0], row[-1][0], int(row[0][2]), 1.5, b"".join(e[1] for e in row))
         for row in expected
     ]
@@ -926,3 +927,106 @@ async def test_only_the_owner_acts_on_a_session(tmp_path):
         await bridge.journal.wait_committed()
         assert bridge.sessions.get(sid) is None
         assert list(bridge.journal.store.sessions()) == []
+
+
+class _HistoryModel:
+    """A history as a plain list of (seq, line, live), trimmed one entry at a time."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.entries: list[tuple[int, bytes, bool]] = []
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.last_seq = self.journaled = 0
+        self.spilled: list[tuple[int, bytes, bool]] = []
+
+    def append(self, line: bytes, live: bool) -> None:
+        self.last_seq += 1
+        self.entries.append((self.last_seq, line, live))
+        while len(self.entries) > self.max_entries or (
+            sum(len(e[1]) for e in self.entries) > self.max_bytes
+        ):
+            entry = self.entries.pop(0)
+            if entry[0] > self.journaled:
+                self.journaled = entry[0]
+                self.spilled.append(entry)
+
+    def take(self) -> tuple[list[tuple[int, bytes, bool]], bool]:
+        count = self.last_seq - self.journaled
+        complete = count <= len(self.entries)
+        tail = self.entries[len(self.entries) - min(count, len(self.entries)) :] if count else []
+        self.journaled = self.last_seq
+        return tail, complete
+
+
+def _entries(chunks) -> list[tuple[int, bytes, bool]]:
+
+    return [
+        (n, line, chunk[3])
+        for chunk in chunks
+        for n, line in enumerate(chunk_lines(chunk), chunk[0])
+    ]
+
+
+@hypothesis.given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["run", "lines", "prompt"]),
+            st.lists(st.tuples(st.integers(1, 40), st.booleans()), min_size=1, max_size=12),
+        ),
+        max_size=30,
+    ),
+    max_entries=st.integers(0, 50),
+    max_bytes=st.integers(0, 600),
+    take_every=st.integers(1, 6),
+)
+def test_a_history_kept_in_chunks_is_a_list_trimmed_entry_by_entry(
+    steps, max_entries, max_bytes, take_every
+):
+    """``History`` (runs kept as one chunk each, trimmed by moving a head and cutting a chunk
+    where a bound falls inside it) keeps, numbers, trims, replays and hands the journal
+    exactly what a plain list trimmed one entry at a time does, whatever the bounds."""
+    history = History(max_entries=max_entries, max_bytes=max_bytes)
+    model = _HistoryModel(max_entries, max_bytes)
+    spilled: list = []
+    history.spill = spilled.extend
+    for n, (how, shape) in enumerate(steps):
+        lines = [bytes([97 + n % 26]) * size + (b"\r\n" if crlf else b"\n") for size, crlf in shape]
+        live = how != "prompt"
+        if how == "run":
+            last = history.extend(b"".join(lines), len(lines))
+        else:
+            for line in lines:
+                last = history.append(line, live=live)
+        for line in lines:
+            model.append(line, live)
+        assert last == model.last_seq
+        assert (len(history), history.total_bytes) == (
+            len(model.entries),
+            sum(len(e[1]) for e in model.entries),
+        )
+        assert history.first_seq == (model.entries[0][0] if model.entries else model.last_seq + 1)
+        if n % take_every == 0:
+            taken, complete = history.take_unjournaled()
+            assert (_entries(taken), complete) == model.take()
+    for after in (0, model.last_seq // 2):
+        for live_only in (False, True):
+            assert history.after(after, live_only=live_only) == (
+                [(s, d) for s, d, lv in model.entries if s > after and (lv or not live_only)],
+                after + 1 >= (model.entries[0][0] if model.entries else model.last_seq + 1),
+            )
+    assert _entries(spilled) == model.spilled
+
+
+def test_journal_rows_join_whole_chunks_and_keep_an_unterminated_entry_alone():
+    """A run kept as one chunk joins its neighbours in a row; an entry without its newline
+    (the store splits rows at newlines) is a row of its own."""
+    chunks = [
+        (1, 3, b"a\nb\nc\n", True),
+        (4, 4, b"d", True),
+        (5, 6, b"e\nf\n", True),
+        (7, 7, b"g\n", True),
+    ]
+    assert runs("s", chunks, 2.0) == [
+        ("s", 1, 3, 1, 2.0, b"a\nb\nc\n"),
+        ("s", 4, 4, 1, 2.0, b"d"),
+        ("s", 5, 7, 1, 2.0, b"e\nf\ng\n"),
+    ]

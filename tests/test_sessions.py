@@ -10,7 +10,9 @@ import weakref
 import trio
 import trio.testing
 
-from .fakes import FakeAgent, connect, open_bridge
+from acp_bridge._jsonrpc import dumps
+
+from .fakes import FakeAgent, chunk_update, connect, open_bridge
 
 
 def texts(client, sid):
@@ -516,3 +518,41 @@ async def test_an_agent_that_reuses_a_live_session_id_never_merges_two_clients_s
                 told = await bob.prompt("dup", "count 1")
                 assert "another connection" in told["error"]["message"]
                 nursery.cancel_scope.cancel()
+
+
+async def test_a_read_of_updates_larger_than_the_clients_queue_arrives_whole_and_in_order():
+    """One read of 300 plain updates, relayed as runs, to a client whose queue holds 4: as
+    much of a run as fits goes at once, the next line waits for room, and so on. Every
+    update arrives once, in order, interleaved rightly with another session's (a run of
+    one session never overtakes the other's lines), and the queue never holds more than 4."""
+    a = FakeAgent("a")
+    with trio.fail_after(20):
+        async with open_bridge({"a": a}, client_queue=4) as (client, bridge):
+            s1 = await client.new_session()
+            s2 = await client.new_session()
+            [link] = {s.client for s in bridge.sessions}
+            deepest = [0]
+            order = [(s1 if i % 50 < 40 else s2, f"u{i}") for i in range(300)]
+            chunk = b"".join(dumps(chunk_update(sid, text)) for sid, text in order)
+            async with trio.open_nursery() as nursery:
+
+                async def watch_depth() -> None:
+                    while True:
+                        deepest[0] = max(deepest[0], link.queue_depth())
+                        await trio.lowlevel.checkpoint()
+
+                nursery.start_soon(watch_depth)
+                assert a._send is not None
+                await a._send.send_all(chunk)
+                while len(client.updates(s1)) + len(client.updates(s2)) < 300:
+                    await trio.lowlevel.checkpoint()
+                nursery.cancel_scope.cancel()
+            assert client.updates(s1) == [t for sid, t in order if sid == s1]
+            assert client.updates(s2) == [t for sid, t in order if sid == s2]
+            received = [
+                m["params"]["update"]["content"]["text"]
+                for m in client.received
+                if m.get("method") == "session/update"
+            ]
+            assert received[-300:] == [t for _, t in order]
+            assert deepest[0] <= 4

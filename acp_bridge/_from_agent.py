@@ -1,9 +1,8 @@
 """
-From the agents: each agent's stdout read, split into lines and routed to the clients.
+From the agents: each agent's stdout read and routed to the clients.
 
-The reader is the hot path: a ``session/update`` of a known session whose client has room is
-relayed by :meth:`FromAgent.relay_update`, a plain function (no coroutine, no await, no
-allocation beyond the message itself; see docs/performance.md). Every other line goes
+The reader and the hot path live in :mod:`acp_bridge._relay` (runs of plain updates relayed
+as slices, other updates without a coroutine). Every other line goes
 through :meth:`FromAgent.line`: updates that must wait for room or be held, notifications,
 answers to requests the bridge forwarded (and the session bookkeeping they end:
 :meth:`FromAgent.undo_forward`), and the agent's own requests (handed to ``agent_request``).
@@ -14,11 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import structlog
-import trio
 
 from acp_bridge import _jsonrpc as rpc
-from acp_bridge import _scan
-from acp_bridge._framing import LineDecoder, Oversize
+from acp_bridge._framing import Oversize
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
     JsonObject,
@@ -27,21 +24,18 @@ from acp_bridge._jsonrpc import (
     classify,
     dumps,
     loads,
-    rewrite_run_session_id,
-    rewrite_session_id,
 )
 from acp_bridge._links import AgentLink, ClientLink, Waiter
+from acp_bridge._relay import Relay
 from acp_bridge._routing import (
-    SETUP_UPDATES,
     Forwarded,
     Session,
     SessionState,
     SessionTable,
     Setup,
     capture_setup,
-    track_setup,
 )
-from acp_bridge._wire import id_of, set_seq, well_formed_error
+from acp_bridge._wire import id_of, well_formed_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -53,18 +47,6 @@ logger = structlog.get_logger("acp_bridge.bridge")  # (the hub's: one logger for
 #: updates held for a session id the bridge does not know yet (agent sent them before its
 #: session/new response); beyond this they are dropped
 EARLY_UPDATES_MAX: Final = 64
-#: Agents' readers share a budget of lines per scheduler round: each reader with lines to
-#: handle lets the other tasks run after its share (``READ_ROUND_LINES`` over the readers
-#: busy at that moment, at least ``READER_TURN_MIN``). So one flooding agent relays in long
-#: turns (few writes, little scheduling), and fifty of them in short ones: either way, a
-#: round of the scheduler, which every hop of another session's round trip waits for, holds
-#: about the same work.
-READ_ROUND_LINES: Final = 128
-READER_TURN_MIN: Final = 4
-#: (an enum member's lookup through its class costs ~70 ns on CPython 3.11: once per update)
-_LOADING: Final = SessionState.LOADING
-_RUN: Final = _scan.RUN
-_LINE: Final = _scan.LINE
 
 
 class AgentLog(Protocol):
@@ -136,194 +118,11 @@ class FromAgent:
         self._take_ownership = take_ownership
         self._present_parked = present_parked
         self._opened = opened
-        #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
-        self._busy_readers = 0
-
-    async def reader(
-        self, agent: AgentLink, stream: trio.abc.ReceiveStream, eof: trio.Event
-    ) -> None:
-        """Read one life of an agent's stdout until EOF (then ``eof`` is set)."""
-        cap = self._config.bridge.max_line_bytes
-        decoder = LineDecoder(max_line_bytes=cap)
-        handle = self.line
-        relay = self.relay_update
-        scan = _scan.scan
-        chunk = self._read_chunk
-        try:
-            while data := await stream.receive_some(chunk):
-                marker, block = decoder.feed_block(data)
-                if marker is not None:
-                    await handle(agent, marker)
-                yielded = False  # (just now, after the last line)
-                if block:
-                    self._busy_readers += 1
-                    try:
-                        turn = self._reader_turn()
-                        # The whole read at once: its lines found and the plain updates
-                        # among them told apart at C speed; a run of one session's plain
-                        # updates is relayed as one slice (docs/performance.md).
-                        for segment in scan(block, cap):
-                            kind = segment[0]
-                            if kind == _RUN:
-                                _, start, end, count, sid = segment
-                                while count > turn:
-                                    # (a run longer than the turn: its first part now, the
-                                    # rest after the others had their turn)
-                                    cut = _after_lines(block, start, turn)
-                                    await self._relay_part(agent, sid, block, start, cut, turn)
-                                    await trio.lowlevel.cancel_shielded_checkpoint()
-                                    start, count = cut, count - turn
-                                    turn = self._reader_turn()
-                                await self._relay_part(agent, sid, block, start, end, count)
-                                turn -= count
-                            else:
-                                if kind == _LINE:
-                                    line = block[segment[1] : segment[2]]
-                                    # (most other lines are updates that need a look)
-                                    if not relay(agent, line):
-                                        await handle(agent, line)
-                                else:
-                                    await handle(agent, Oversize(segment[1]))
-                                turn -= 1
-                            yielded = turn <= 0
-                            if yielded:
-                                # One read can hold hundreds of lines: let the others in
-                                # (no line of the read is dropped on cancellation).
-                                await trio.lowlevel.cancel_shielded_checkpoint()
-                                turn = self._reader_turn()
-                    finally:
-                        self._busy_readers -= 1
-                if decoder.discarding is not None and agent.failure is None:
-                    # A line past the cap: stopped now, not when (or if) the line ends.
-                    cap = self._config.bridge.max_line_bytes
-                    agent.fail(
-                        f"it is writing a line over max_line_bytes ({cap}): "
-                        f"{decoder.discarding} bytes so far"
-                    )
-                if not yielded:
-                    # (A read of a pipe with data waiting does not yield: this one does, so
-                    # an agent that never stops writing never holds the others up.)
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            eof.set()
-        rest = decoder.feed_eof()
-        if rest is not None:
-            agent.log.warning("agent_partial_line_at_exit")
-
-    async def _relay_part(
-        self, agent: AgentLink, sid: str, block: bytes, start: int, end: int, count: int
-    ) -> None:
-        """
-        Relay a run: as one slice (:meth:`relay_run`), or as much of it as the client's queue
-        takes, then its next line the usual way (which waits for room), and so on; each
-        line the usual way when a slice cannot do.
-        """
-        while count:
-            done = self.relay_run(agent, sid, block, start, end, count)
-            if done < 0:  # (not as a slice: each line the usual way)
-                for line in block[start:end].split(b"\n")[:-1]:
-                    if not self.relay_update(agent, line):
-                        await self.line(agent, line)
-                return
-            if done == count:
-                return
-            if done:
-                start, count = _after_lines(block, start, done), count - done
-            nl = block.index(b"\n", start)
-            line = block[start:nl]
-            if not self.relay_update(agent, line):
-                await self.line(agent, line)  # (waits for room in the client's queue)
-            start, count = nl + 1, count - 1
-
-    def _reader_turn(self) -> int:
-        """Lines a busy agent reader handles before it lets the others run."""
-        return max(READER_TURN_MIN, READ_ROUND_LINES // max(1, self._busy_readers))
-
-    def relay_run(
-        self, agent: AgentLink, sid: str, block: bytes, start: int, end: int, count: int
-    ) -> int:
-        """
-        The hot path for a run the scan found: ``count`` plain updates of the agent's session
-        ``sid``, the whole lines ``block[start:end]``, relayed as one slice (one queue
-        entry, one history extension, one journal note) without decoding them. Returns how
-        many were relayed: ``count``; fewer (maybe 0) when the client's queue has room for
-        only so many (the first of them were); -1, with nothing done, when the lines need
-        more than that (a session id that cannot be rewritten on the bytes, a ``seq`` stamp,
-        a sub-agent's watch, a trace, an unknown session): each line then takes
-        :meth:`relay_update`'s way, as if there were no run.
-        """
-        session = self._sessions.find(agent.name, sid)
-        if session is None or session.watch is not None or self._tracer is not None:
-            return -1
-        client = session.client
-        if client is not None and not client.closed:
-            if client.want_seq:
-                return -1
-            room = client.room()
-            if room < count:
-                if room <= 0:
-                    return 0
-                end = _after_lines(block, start, room)
-                count = room
-        data = block if start == 0 and end == len(block) else block[start:end]
-        if session.rewrite:
-            rewritten = rewrite_run_session_id(data, count, session.agent_id, session.bridge_id)
-            if rewritten is None:
-                return -1
-            data = rewritten
-        self._counters["from_agent"] += count
-        history = session.history
-        if history is not None and session.state is not _LOADING:
-            history.extend(data, count)
-            if self._journal is not None:
-                self._journal.updated(session.bridge_id, history)
-        if client is not None:
-            client.put_run(data, count, session)
-        return count
-
-    def relay_update(self, agent: AgentLink, line: bytes | Oversize) -> bool:
-        """
-        The hot path: relay a ``session/update`` of a known session to a client that has room
-        (or record it for a detached one) without awaiting. False leaves the line untouched
-        for :meth:`line` (anything else, or an update that must wait or be held).
-        """
-        if type(line) is not bytes or b'"session/update"' not in line:
-            return False
-        try:
-            msg = loads(line)
-        except JsonRpcError:
-            return False
-        if (
-            type(msg) is not dict
-            or msg.get("method") != "session/update"
-            or "id" in msg
-            or msg.get("jsonrpc") != "2.0"
-        ):
-            return False
-        params = msg.get("params")
-        if type(params) is not dict:
-            return False
-        sid = params.get("sessionId")
-        session = self._sessions.find(agent.name, sid) if type(sid) is str else None
-        if session is None:
-            return False
-        client = session.client
-        if client is not None and not client.closed and not client.has_room():
-            return False
-        self._counters["from_agent"] += 1
-        if self._tracer is not None:
-            self._tracer(f"agent:{agent.name}", "in", line)
-        data = self.record_update(session, msg, params, line)
-        watch = session.watch
-        if watch is not None and not watch(params):
-            return True  # a sub-agent's, which its client does not see
-        if client is not None:
-            if client.want_seq:
-                data = dumps(msg)
-            client.put_update(data, session)
-        return True
+        self._relay = Relay(hub, read_chunk=read_chunk, line=self.line)
+        #: one life of an agent's stdout read until EOF (:meth:`Relay.reader`)
+        self.reader = self._relay.reader
+        #: the hot path (:meth:`Relay.relay_update`)
+        self.relay_update = self._relay.relay_update
 
     async def line(self, agent: AgentLink, line: bytes | Oversize) -> None:
         """Any line of an agent's that :meth:`relay_update` did not take."""
@@ -372,44 +171,13 @@ class FromAgent:
             agent.log.warning("update_for_unknown_session", session=sid)
             return
         assert type(params) is dict
-        data = self.record_update(session, msg, params, line)
+        data = self._relay.record_update(session, msg, params, line)
         client = session.client
         if client is None or (session.watch is not None and not session.watch(params)):
             return
         if client.want_seq:
             data = dumps(msg)
         await client.send(data)
-
-    def record_update(
-        self, session: Session, msg: JsonObject, params: JsonObject, line: bytes
-    ) -> bytes:
-        """
-        Rewrite the session id if needed, number and record the update (history, journal),
-        track setup changes; the bytes to relay (unchanged when no rewrite is needed). With
-        ``_meta.acp_bridge.seq`` stamped in ``msg`` for a client that opted in.
-        """
-        if session.rewrite:
-            params["sessionId"] = session.bridge_id
-            rewritten = rewrite_session_id(line, session.agent_id, session.bridge_id)
-            data = dumps(msg) if rewritten is None else rewritten + b"\n"
-        else:
-            data = line + b"\n"
-        history = session.history
-        seq = 0
-        if history is not None and session.state is not _LOADING:
-            # (An agent's own load replay repeats what the journal has: not recorded again.)
-            seq = history.append(data)
-            if self._journal is not None:
-                self._journal.updated(session.bridge_id, history)
-        update = params.get("update")
-        if type(update) is dict:
-            kind = update.get("sessionUpdate")
-            if type(kind) is str and kind in SETUP_UPDATES:
-                track_setup(session, update)
-        client = session.client
-        if client is not None and client.want_seq:
-            set_seq(params, seq)
-        return data
 
     async def agent_response(self, agent: AgentLink, msg: JsonObject) -> None:
         """An agent's answer: to whoever waits on it, under the id it was asked with."""
@@ -551,14 +319,6 @@ class FromAgent:
         return early
 
 
-def _after_lines(block: bytes, start: int, count: int) -> int:
-    """The index just past the ``count``-th line of ``block`` from ``start``."""
-    find = block.index
-    for _ in range(count):
-        start = find(b"\n", start) + 1
-    return start
-
-
 def live_id_reused(sessions: SessionTable, agent: AgentLink, result: Any) -> JsonRpcError | None:
     """
     The error for a new session the agent answered with the id of one of its sessions
@@ -664,4 +424,4 @@ def displace(hub: Hub, session: Session) -> None:
     hub.log.info("stored_session_moved", session=old, to=new, agent=session.agent)
 
 
-__all__ = ["EARLY_UPDATES_MAX", "READER_TURN_MIN", "READ_ROUND_LINES", "FromAgent"]
+__all__ = ["EARLY_UPDATES_MAX", "FromAgent"]

@@ -47,7 +47,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r".*_jsonrpc",
         ),
         ("JSON encode", r"^(dumps|_fast_dumps) .*_jsonrpc"),
-        ("line split", r"\(.*acp_bridge/_framing\.py"),
+        ("line split and scan", r"\(.*acp_bridge/_(framing|scan)\.py|^scan "),
         (
             "pipe read (system call)",
             r"^(\w+\.)?(receive_some|read_now) .*(acp_bridge/_pipes|trio/_unix_pipes)",
@@ -60,9 +60,10 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("history and journal notes", r"\(.*acp_bridge/(_routing|_journal)\.py"),
         (
             "relay: routing, client queue",
-            r"^(FromAgent\.(relay_update|record_update|reader|_reader_turn) "
-            r".*acp_bridge/_from_agent"
-            r"|ClientLink\.(put_update|_put|_take|pump|has_room) .*acp_bridge/_links)",
+            r"^(Relay\.(relay_run|_relay_part|relay_update|record_update|reader|_reader_turn) "
+            r".*acp_bridge/_relay"
+            r"|_after_lines .*acp_bridge/_relay"
+            r"|ClientLink\.(put_run|put_update|_put|_take|pump|has_room|room) .*acp_bridge/_links)",
         ),
         ("other bridge code", r"\(.*acp_bridge/"),
         ("trio scheduler", r"\(.*trio/"),

@@ -171,17 +171,17 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
 # it needs ptrace, which a CI machine may not allow) ----------------------------------------
 
 LOOP = "thread (7): MainThread;<module> (acp_bridge/__main__.py:3);run (trio/_core/_run.py:2010)"
-READER = f"{LOOP};FromAgent.reader (acp_bridge/_from_agent.py:131)"
-RELAY = f"{READER};FromAgent.relay_update (acp_bridge/_from_agent.py:176)"
+READER = f"{LOOP};Relay.reader (acp_bridge/_relay.py:131)"
+RELAY = f"{READER};Relay.relay_update (acp_bridge/_relay.py:176)"
 COLLAPSED = "\n".join(
     [
         f"{RELAY};loads (acp_bridge/_jsonrpc.py:151) 40",
-        f"{READER};FromAgent.relay_update (acp_bridge/_from_agent.py:195) 15",
+        f"{READER};Relay.relay_run (acp_bridge/_relay.py:195) 15",
         "thread (7): MainThread;ClientLink._put (acp_bridge/_links.py:360) 10",
-        f"{RELAY};FromAgent.record_update (acp_bridge/_from_agent.py:260);History.append "
+        f"{RELAY};Relay.record_update (acp_bridge/_relay.py:260);History.append "
         "(acp_bridge/_routing.py:98) 10",
         f"{READER};receive_some (acp_bridge/_pipes.py:91);read_now (acp_bridge/_pipes.py:81) 15",
-        f"{READER};feed (acp_bridge/_framing.py:82) 5",
+        f"{READER};scan (acp_bridge/_scan.py:82) 5",
         f"{LOOP};unrolled_run (trio/_core/_run.py:2500) 5",
         "thread (9): Trio thread 0;_bootstrap (threading.py:995);Journal._commit "
         "(acp_bridge/_journal.py:220) 30",
@@ -201,7 +201,7 @@ def test_profile_summary_puts_each_sample_in_its_innermost_category():
         "relay: routing, client queue": 0.25,
         "pipe read (system call)": 0.15,
         "history and journal notes": 0.10,
-        "line split": 0.05,
+        "line split and scan": 0.05,
         "trio scheduler": 0.05,
     }
     assert summary["other_threads_samples"] == {"thread (9): Trio thread 0": 30}

@@ -40,8 +40,8 @@ from acp_bridge import _heap
 from acp_bridge._agent import make_subprocess_launcher
 from acp_bridge._bridge import READ_CHUNK, Bridge
 from acp_bridge._config import AgentConfig, BridgeConfig, Config, WebSocketConfig
-from acp_bridge._from_agent import READ_ROUND_LINES
 from acp_bridge._jsonrpc import dumps
+from acp_bridge._relay import READ_ROUND_LINES
 from acp_bridge._serve import serve_websocket
 from bench.soak import held_memory, minute_floors
 

@@ -271,9 +271,15 @@ def prespawn(config_path: str | None, specs: Sequence[str]) -> Prespawned | None
     name, spawn = early
     # The parent's ends are not inherited (os.pipe is close-on-exec): the agent's stdin sees
     # EOF when the bridge exits, however it exits.
-    stdin_r, stdin_w = os.pipe()
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
+    pipes: list[int] = []
+    try:
+        for _ in range(3):
+            pipes += os.pipe()
+    except OSError:  # (out of descriptors: the usual launch will say so)
+        for fd in pipes:
+            os.close(fd)
+        return None
+    stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = pipes
     try:
         popen = subprocess.Popen(
             spawn.argv,
@@ -284,9 +290,11 @@ def prespawn(config_path: str | None, specs: Sequence[str]) -> Prespawned | None
             cwd=spawn.cwd,
             start_new_session=True,
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         for fd in (stdin_w, stdout_r, stderr_r):
             os.close(fd)
+        if isinstance(exc, ValueError):  # (a NUL in a word: the usual launch reports it)
+            return None
         return Prespawned(name, spawn, error=start_error(name, spawn.argv, exc))
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):  # (the agent's ends: it has its copies)

@@ -217,3 +217,12 @@ def test_this_installation_runs_with_this_interpreter():
     early = _early_agent(None, ["self=acp-bridge demo-agent"])
     assert early is not None
     assert early[1].argv == [sys.executable, "-m", "acp_bridge", "demo-agent"]
+
+
+def test_a_word_popen_refuses_is_left_to_the_usual_launch(tmp_path):
+    """A NUL in the command (TOML allows it): no early process, and no crash before the
+    configuration is even checked."""
+    path = tmp_path / "bridge.toml"
+    path.write_text('[agents.a]\ncommand = "agent\\u0000x"\n')
+    assert _early_agent(str(path), []) is not None
+    assert prespawn(str(path), []) is None

@@ -14,8 +14,6 @@ import collections
 import contextlib
 import functools
 import os
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,12 +24,13 @@ import structlog
 import trio
 
 from acp_bridge import _pipes as pipes
-from acp_bridge import _remote as remote
+from acp_bridge._prespawn import spawn_settings, start_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
     from acp_bridge._config import AgentConfig
+    from acp_bridge._prespawn import Prespawned
 
 logger = structlog.get_logger("acp_bridge.agent")
 
@@ -113,24 +112,6 @@ class StderrRing:
     def tail(self, n: int = 20) -> list[str]:
         lines = list(self._lines)
         return lines[-n:]
-
-
-def resolve_command(config: AgentConfig) -> list[str]:
-    """
-    The argv to run for an agent.
-
-    ``acp-bridge`` as a command means this very installation: when it is not on PATH (a venv
-    that is not activated), it runs as ``python -m acp_bridge`` with this interpreter. A
-    remote agent's argv is the engine's (``ssh ...``, the launcher prefix) with its command
-    as configured: the other machine has its own installation.
-    """
-    remote_argv = remote.agent_argv(config)
-    if remote_argv is not None:
-        return remote_argv
-    argv = [config.command, *config.args]
-    if config.command == "acp-bridge" and shutil.which("acp-bridge") is None:
-        argv = [sys.executable, "-m", "acp_bridge", *config.args]
-    return argv
 
 
 class Reaper:
@@ -230,39 +211,44 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def make_subprocess_launcher(
-    *, reaper: Reaper | None = None, stop_grace: float = 2.0, base_dir: str | None = None
+    *,
+    reaper: Reaper | None = None,
+    stop_grace: float = 2.0,
+    base_dir: str | None = None,
+    adopt: Prespawned | None = None,
 ) -> Launcher:
     """
     A launcher that runs agents as real processes, each in its own process group.
 
     Stopping (on cancel): close stdin, wait ``stop_grace``; SIGTERM the group, wait
     ``stop_grace``; SIGKILL the group. Children the agent spawned go with it.
+
+    ``adopt``: an agent process spawned before the bridge started (``_prespawn``), taken for
+    that agent's first launch instead of spawning one (its failed spawn is that launch's
+    error); from there on it is watched, stopped and killed like any other.
     """
 
     async def launch_subprocess(
         config: AgentConfig, *, task_status: trio.TaskStatus[AgentTransport]
     ) -> int | None:
-        argv = resolve_command(config)
-        env = dict(os.environ)
-        if not remote.is_remote(config):  # (a remote agent's env is set on the far side)
-            env.update(config.env)
-        cwd = config.cwd if config.ssh is None else None  # (an ssh agent's cwd is remote)
-        if cwd is not None and base_dir is not None and not os.path.isabs(cwd):
-            cwd = os.path.join(base_dir, cwd)
-        try:
-            proc = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise AgentStartError(
-                f"cannot start agent {config.name!r}: {shlex.join(argv)}: {exc.strerror or exc}"
-            ) from None
+        taken = adopt.take(config) if adopt is not None else None
+        proc: _Process
+        if taken is not None:
+            proc = _adopt(taken)
+        else:
+            argv, env, cwd = spawn_settings(config, base_dir)
+            try:
+                proc = await trio.lowlevel.open_process(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise AgentStartError(start_error(config.name, argv, exc)) from None
         pid = proc.pid
         if reaper is not None:
             await reaper.register(pid)
@@ -301,13 +287,81 @@ def make_subprocess_launcher(
     return launch_subprocess
 
 
-def _kill_running(proc: trio.Process) -> None:
+class _Process(Protocol):
+    """What the launcher uses of a ``trio.Process`` (and of an adopted one, :class:`_Adopted`)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def stdin(self) -> trio.abc.SendStream | None: ...
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None: ...
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream | None: ...
+    async def wait(self) -> int: ...
+
+
+class _Adopted:
+    """
+    A process spawned before trio ran (``_prespawn``), behind the calls the launcher makes of
+    a ``trio.Process``: its pipes as non-blocking ``FdStream``s (as ``open_process`` makes
+    them), its exit awaited on its pidfd and reaped as trio reaps its own (``Popen.wait``
+    once the pidfd is readable; ``returncode`` polls, so a reaped pid is never signalled).
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], fds: tuple[int, int, int, int]) -> None:
+        stdin, stdout, stderr, pidfd = fds
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin = trio.lowlevel.FdStream(stdin)
+        self.stdout = trio.lowlevel.FdStream(stdout)
+        self.stderr = trio.lowlevel.FdStream(stderr)
+        self._pidfd: int | None = pidfd
+
+    @property
+    def returncode(self) -> int | None:
+        status = self._popen.poll()
+        if status is not None:
+            self._close_pidfd()
+        return status
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            trio.lowlevel.notify_closing(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    async def wait(self) -> int:
+        if self.returncode is None:
+            assert self._pidfd is not None
+            with contextlib.suppress(trio.ClosedResourceError):
+                await trio.lowlevel.wait_readable(self._pidfd)
+            self._popen.wait()  # (it exited: this only reaps it)
+            self._close_pidfd()
+        else:
+            await trio.lowlevel.checkpoint()
+        status = self._popen.returncode
+        assert status is not None
+        return status
+
+
+def _adopt(spawned: Prespawned) -> _Adopted:
+    """The pre-spawned agent as the launcher's process, or its spawn failure raised."""
+    if spawned.popen is None:
+        raise AgentStartError(spawned.error or "the agent was not started")
+    assert spawned.fds is not None
+    return _Adopted(spawned.popen, spawned.fds)
+
+
+def _kill_running(proc: _Process) -> None:
     """SIGKILL an agent's process group, unless the agent was reaped (its pid may be reused)."""
     if proc.returncode is None:
         _signal_group(proc.pid, signal.SIGKILL)
 
 
-async def _stop_process(proc: trio.Process, grace: float) -> None:
+async def _stop_process(proc: _Process, grace: float) -> None:
     if proc.returncode is None:
         if proc.stdin is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

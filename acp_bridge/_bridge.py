@@ -60,7 +60,6 @@ from acp_bridge._routing import (
 from acp_bridge._session_requests import SessionRequests
 from acp_bridge._subagents import Subagents, launch_config
 from acp_bridge._supervisor import Supervisor
-from acp_bridge._v2_face import V2Gate
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -71,6 +70,7 @@ if TYPE_CHECKING:
     from acp_bridge._jsonrpc import (
         JsonObject,
     )
+    from acp_bridge._v2_face import V2Gate
 
 logger = structlog.get_logger("acp_bridge.bridge")
 
@@ -454,10 +454,13 @@ async def serve_client_stream(
     client = bridge.open_client(name, blocking=True)
     grace = bridge.config.bridge.stop_grace if linger is None else linger
     decoder = LineDecoder(max_line_bytes=bridge.config.bridge.max_line_bytes)
-    # --experimental-v2: the first line decides v1 or v2 (docs/v2.md)
-    gate = (
-        V2Gate(client, bridge.handle_client_line) if bridge.config.bridge.experimental_v2 else None
-    )
+    # --experimental-v2: the first line decides v1 or v2 (docs/v2.md); its code is loaded
+    # only then (start-up: an editor's initialize does not wait for it)
+    gate = None
+    if bridge.config.bridge.experimental_v2:
+        from acp_bridge._v2_face import V2Gate
+
+        gate = V2Gate(client, bridge.handle_client_line)
     handle = bridge.handle_client_line if gate is None else gate.line
     try:
         async with trio.open_nursery() as nursery:

@@ -12,16 +12,16 @@ import functools
 import sys
 from typing import TYPE_CHECKING
 
-import attrs
-import trio
-
 from acp_bridge import __version__
-from acp_bridge._config import Config, ConfigError, config_from_agent_specs, load_config
 
+# (The configuration's code, attrs and cattrs, is imported where it is used: ``acp-bridge
+# stdio`` spawns its default agent before that, see _prespawn.)
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import IO
 
+    from acp_bridge._config import Config
+    from acp_bridge._prespawn import Prespawned
     from acp_bridge._redact import Redactor
 
 
@@ -201,6 +201,8 @@ def _add_v2(parser: argparse.ArgumentParser) -> None:
 
 def _v2_override(config: Config, args: argparse.Namespace) -> Config:
     """``--experimental-v2`` sets ``[bridge] experimental_v2``."""
+    import attrs
+
     if not getattr(args, "experimental_v2", False):
         return config
     return attrs.evolve(config, bridge=attrs.evolve(config.bridge, experimental_v2=True))
@@ -208,6 +210,8 @@ def _v2_override(config: Config, args: argparse.Namespace) -> Config:
 
 def _listen_overrides(config: Config, host: str | None, port: int | None) -> Config:
     """``serve --host/--port`` replace the config's ``[websocket]`` values."""
+    import attrs
+
     ws = config.websocket
     ws = attrs.evolve(
         ws, host=ws.host if host is None else host, port=ws.port if port is None else port
@@ -216,6 +220,8 @@ def _listen_overrides(config: Config, host: str | None, port: int | None) -> Con
 
 
 def _load(args: argparse.Namespace) -> Config:
+    from acp_bridge._config import Config, ConfigError, config_from_agent_specs, load_config
+
     if args.config and args.agent:
         base = load_config(args.config)
         return config_from_agent_specs(args.agent, base=base)
@@ -255,12 +261,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return main_trace(args.file, session=args.session)
 
     protocol_fd = None
+    prespawned = None
     if args.command == "stdio":
         # Before anything can print: from here on fd 1 is stderr, the protocol has its own fd.
-        from acp_bridge._stdio import claim_stdout
+        from acp_bridge._prespawn import claim_stdout, prespawn
 
         protocol_fd = claim_stdout()
+        # The default agent starts now, while the bridge imports (_prespawn).
+        prespawned = prespawn(args.config, args.agent)
+    try:
+        return _main_started(args, protocol_fd, prespawned)
+    finally:
+        if prespawned is not None:  # (not adopted: no initialize came, or the start failed)
+            prespawned.discard()
 
+
+def _main_started(
+    args: argparse.Namespace, protocol_fd: int | None, prespawned: Prespawned | None
+) -> int:
     from acp_bridge._log import configure_logging
     from acp_bridge._redact import Redactor
 
@@ -269,11 +287,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(
         level=args.log_level, fmt=args.log_format, file=args.log_file, redactor=redactor
     )
+    from acp_bridge._config import ConfigError
+
     try:
         config = _v2_override(_load(args), args)
     except ConfigError as exc:
         print(f"acp-bridge: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if prespawned is not None:
+        prespawned.confirm(config)
 
     from acp_bridge._prompt import PromptFailed
     from acp_bridge._store import StoreError
@@ -288,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"acp-bridge: --trace {args.trace}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return _run(args, config, protocol_fd, trace_file, redactor)
+        return _run(args, config, protocol_fd, trace_file, redactor, prespawned)
     except (StoreError, PromptFailed, BaseExceptionGroup) as exc:
         known = _known_failure(exc, (StoreError, PromptFailed))
         if known is None:
@@ -317,14 +339,22 @@ def _run(
     protocol_fd: int | None,
     trace_file: IO[bytes] | None,
     redactor: Redactor,
+    prespawned: Prespawned | None = None,
 ) -> int:
+    import trio
+
     if args.command == "stdio":
         from acp_bridge._stdio import serve_stdio
 
         assert protocol_fd is not None
         trio.run(
             functools.partial(
-                serve_stdio, config, protocol_fd, trace_file=trace_file, redactor=redactor
+                serve_stdio,
+                config,
+                protocol_fd,
+                trace_file=trace_file,
+                redactor=redactor,
+                adopt=prespawned,
             )
         )
         return 0

@@ -9,7 +9,6 @@ writing to stdout lands in the diagnostics, never in the protocol stream.
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,6 +20,7 @@ from acp_bridge._bridge import Bridge, serve_client_stream
 from acp_bridge._heap import fix_mmap_threshold, trim_heap_forever
 from acp_bridge._journal import Journal
 from acp_bridge._nursery import cancel_on_signals
+from acp_bridge._prespawn import claim_stdout as claim_stdout  # (its old home)
 from acp_bridge._redact import Redactor
 from acp_bridge._store import Store, open_store
 
@@ -32,16 +32,9 @@ if TYPE_CHECKING:
     from acp_bridge._config import Config
     from acp_bridge._jsonrpc import JsonObject
     from acp_bridge._links import Tracer
+    from acp_bridge._prespawn import Prespawned
 
 logger = structlog.get_logger("acp_bridge.stdio")
-
-
-def claim_stdout() -> int:
-    """Take fd 1 for the protocol; point fd 1 (and ``sys.stdout``) at stderr. Returns the fd."""
-    sys.stdout.flush()
-    protocol_fd = os.dup(1)
-    os.dup2(2, 1)
-    return protocol_fd
 
 
 async def with_bridge(
@@ -52,6 +45,7 @@ async def with_bridge(
     agent_client_capabilities: JsonObject | None = None,
     tracer: Tracer | None = None,
     redactor: Redactor | None = None,
+    adopt: Prespawned | None = None,
 ) -> None:
     """
     Run a bridge with real agent processes around ``body(bridge)``; stop everything after it.
@@ -62,7 +56,8 @@ async def with_bridge(
     sees every message crossing the bridge (a :class:`~acp_bridge._trace.WireTrace`), and
     ``redactor`` becomes the bridge's (give the trace and the logs the same one). With
     glibc, large buffers get their own mappings and freed heap memory is given back to the
-    system after each burst of traffic (see ``_heap``).
+    system after each burst of traffic (see ``_heap``). ``adopt``: the default agent, spawned
+    before the imports (``_prespawn``), becomes its first launch.
 
     Raises:
         StoreError: the store cannot be opened (or is of a newer schema).
@@ -76,7 +71,7 @@ async def with_bridge(
                 reaper = Reaper()
                 await outer.start(reaper.run)
                 launcher = make_subprocess_launcher(
-                    reaper=reaper, stop_grace=config.bridge.stop_grace
+                    reaper=reaper, stop_grace=config.bridge.stop_grace, adopt=adopt
                 )
             outer.start_soon(cancel_on_signals, outer.cancel_scope, logger)
             async with trio.open_nursery() as inner:
@@ -109,12 +104,13 @@ async def serve_stdio(
     *,
     trace_file: IO[bytes] | None = None,
     redactor: Redactor | None = None,
+    adopt: Prespawned | None = None,
 ) -> None:
     """
     Serve the client on stdin and ``protocol_fd`` until stdin ends (traced to ``trace_file``).
 
     ``redactor``: the secrets hidden in the trace, the bridge's and the logs' (pass the one
-    logging was configured with).
+    logging was configured with). ``adopt``: the default agent's process, already spawned.
     """
     redactor = redactor if redactor is not None else Redactor()
     stdin = trio.lowlevel.FdStream(os.dup(0))
@@ -125,12 +121,12 @@ async def serve_stdio(
 
     try:
         if trace_file is None:  # (the trace's module is not loaded without --trace)
-            await with_bridge(config, body, redactor=redactor)
+            await with_bridge(config, body, redactor=redactor, adopt=adopt)
         else:
             from acp_bridge._trace import open_wire_trace
 
             async with open_wire_trace(trace_file, redactor=redactor) as tracer:
-                await with_bridge(config, body, tracer=tracer, redactor=redactor)
+                await with_bridge(config, body, tracer=tracer, redactor=redactor, adopt=adopt)
     finally:
         with trio.CancelScope(shield=True):
             await stdin.aclose()

@@ -51,6 +51,7 @@ PURE: tuple[str, ...] = (
     "_v2_shapes",
     "_v2_core",
     "_subagent_core",
+    "_prespawn",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

@@ -1,5 +1,5 @@
 # Sourced by the scripts: make sure .venv exists and holds the project with its test extras.
-# Re-installs only when pyproject.toml changed since the last install.
+# Re-installs only when pyproject.toml, setup.py or the C source changed since the last install.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -9,7 +9,8 @@ if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv"
 fi
 stamp="$venv/.acp-bridge-installed"
-want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+# (the build's files: a change to the C extension's source must rebuild it)
+want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/acp_bridge/_scanc.c" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "bootstrap: installing acp-bridge and its test dependencies into .venv" >&2
     log="$venv/bootstrap.log"

@@ -182,6 +182,9 @@ def _not_plain() -> list[bytes]:
         # a duplicate key: the last one counts, as in the codec
         line(msg)[:-1] + b',"method":"x"}',
         line(msg)[:-1] + b',"params":1}',
+        line(msg)[:-1] + b',"params":{}}',
+        line({**msg, "params": {"sessionId": "s1", "update": {"sessionUpdate": "plan"}}})[:-2]
+        + b',"update":{}}}',
     ]
     cases += [line(update(kind=kind)) for kind in sorted(SETUP_UPDATES)]
     return cases
@@ -232,6 +235,7 @@ def _conservative() -> list[bytes]:
         with_n(b"1" * 101, "s"),
         with_n(b"1e-00001", "s"),
         line(update("s"))[:-1] + b',"jsonrpc":"2.0"}',
+        line(update("s"))[:-2] + b',"sessionId":"s2"}}',
     ]
 
 
@@ -505,8 +509,14 @@ def mutated(draw) -> bytes:
             at = draw(st.sampled_from(words or anywhere))
             text = text[:at] + draw(STRING_BYTES) + text[at:]
         elif op == "member":
-            at = draw(st.sampled_from(braces or anywhere))
-            text = text[:at] + draw(st.sampled_from(MEMBERS)) + text[at:]
+            closing = [i for i, b in enumerate(text) if b == ord("}")]
+            member = draw(st.sampled_from(MEMBERS))
+            if closing and draw(st.booleans()):  # after the members (the codec keeps the last)
+                at = draw(st.sampled_from(closing))
+                text = text[:at] + b"," + member[:-1] + text[at:]
+            else:
+                at = draw(st.sampled_from(braces or anywhere))
+                text = text[:at] + member + text[at:]
         elif op == "value":
             at = draw(st.sampled_from(braces or anywhere))
             text = text[:at] + b'"n":' + draw(VALUES) + b"," + text[at:]
@@ -631,6 +641,7 @@ def _single_edits(base: bytes) -> list[bytes]:
     ]  # fmt: skip
     anywhere = [bytes([b]) for b in b'"\\[]{},: \t\r\x0b\x0c0-.+eE'] + [b"\xef\xbb\xbf", b"{}"]
     braces = [i + 1 for i, b in enumerate(base) if b == ord("{")]
+    closing = [i for i, b in enumerate(base) if b == ord("}")]
     words = [i for i in range(1, len(base)) if base[i - 1 : i + 1].isalpha()]
     out = []
     for at in words:
@@ -638,6 +649,8 @@ def _single_edits(base: bytes) -> list[bytes]:
     for at in braces:
         out += [base[:at] + x + base[at:] for x in members]
         out += [base[:at] + b'"n":' + x + b"," + base[at:] for x in values]
+    for at in closing:  # (a member after the one read: the codec keeps the last)
+        out += [base[:at] + b"," + x[:-1] + base[at:] for x in members]
     for at in range(len(base) + 1):
         out += [base[:at] + x + base[at:] for x in anywhere]
         out.append(base[:at] + base[at + 1 :])

@@ -24,6 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / PACKAGE
 PURE: tuple[str, ...] = (
     "_framing",
     "_jsonrpc",
+    "_scan",
     "_routing",
     "_policy",
     "_containment",

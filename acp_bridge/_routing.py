@@ -14,6 +14,7 @@ agent and the client, never meet.
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 import time
@@ -81,15 +82,13 @@ class History:
     Kept as chunks (:data:`Chunk`): a run of updates relayed as one slice stays one piece of
     bytes, so keeping it, trimming it and handing it to the journal cost no Python per
     update. A chunk is cut into its lines only where a bound falls inside it and for a
-    replay. The chunks are a list read from ``_head`` on: trimming moves the head, and the
-    list drops its dead front once that is half of it.
+    replay.
     """
 
     __slots__ = (
         "_bytes",
         "_chunks",
         "_count",
-        "_head",
         "journaled",
         "last_seq",
         "max_bytes",
@@ -98,9 +97,8 @@ class History:
     )
 
     def __init__(self, *, max_entries: int, max_bytes: int) -> None:
-        #: oldest first, from ``_head`` on (before it: trimmed)
-        self._chunks: list[Chunk] = []
-        self._head = 0
+        #: oldest first
+        self._chunks: collections.deque[Chunk] = collections.deque()
         self._count = 0
         self._bytes = 0
         self.last_seq = 0
@@ -127,7 +125,7 @@ class History:
     @property
     def first_seq(self) -> int:
         """The oldest sequence number still kept (last_seq + 1 when empty)."""
-        return self._chunks[self._head][0] if self._count else self.last_seq + 1
+        return self._chunks[0][0] if self._count else self.last_seq + 1
 
     def append(self, data: bytes, *, live: bool = True) -> int:
         """
@@ -161,10 +159,9 @@ class History:
     def _trim(self) -> None:
         """Drop the oldest entries past the bounds (the journal's are handed to ``spill``)."""
         chunks = self._chunks
-        head = self._head
         trimmed: list[Chunk] = []
         while self._count > self.max_entries or self._bytes > self.max_bytes:
-            chunk = chunks[head]
+            chunk = chunks[0]
             first, last, data, _ = chunk
             size = last - first + 1
             drop = max(self._count - self.max_entries, 0)
@@ -177,12 +174,11 @@ class History:
                     sizes = itertools.accumulate(map(len, chunk_lines(chunk)))
                     drop = max(drop, next(n for n, total in enumerate(sizes, 1) if total >= excess))
             if drop >= size:
-                trimmed.append(chunk)
-                head += 1
+                trimmed.append(chunks.popleft())
                 self._count -= size
                 self._bytes -= len(data)
             else:
-                gone, chunks[head] = split_chunk(chunk, first + drop)
+                gone, chunks[0] = split_chunk(chunk, first + drop)
                 trimmed.append(gone)
                 self._count -= drop
                 self._bytes -= len(gone[2])
@@ -190,10 +186,6 @@ class History:
             unjournaled = [c for c in trimmed if c[1] > self.journaled]
             self.journaled = trimmed[-1][1]
             self.spill(unjournaled)
-        if head > 1024 and 2 * head > len(chunks):
-            del chunks[:head]
-            head = 0
-        self._head = head
 
     def take_unjournaled(self) -> tuple[list[Chunk], bool]:
         """
@@ -202,11 +194,12 @@ class History:
         for them, with no ``spill`` to hand them to).
         """
         journaled = self.journaled
-        chunks = self._chunks
-        start = len(chunks)
-        while start > self._head and chunks[start - 1][1] > journaled:
-            start -= 1
-        taken = chunks[start:]
+        taken: list[Chunk] = []
+        for chunk in reversed(self._chunks):
+            if chunk[1] <= journaled:
+                break
+            taken.append(chunk)
+        taken.reverse()
         if taken and taken[0][0] <= journaled:  # (never in practice: taken whole)
             taken[0] = split_chunk(taken[0], journaled + 1)[1]
         complete = taken[0][0] == journaled + 1 if taken else self.last_seq == journaled
@@ -222,7 +215,7 @@ class History:
         """
         complete = seq + 1 >= self.first_seq
         out: list[tuple[int, bytes]] = []
-        for chunk in itertools.islice(self._chunks, self._head, None):
+        for chunk in self._chunks:
             first, last, data, live = chunk
             if last <= seq or not (live or not live_only):
                 continue

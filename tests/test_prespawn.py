@@ -212,8 +212,11 @@ def test_an_early_agent_never_taken_is_stopped_by_signal_after_the_grace():
     spawned.discard()  # (once)
 
 
-@pytest.mark.skipif(shutil.which("acp-bridge") is not None, reason="acp-bridge is on PATH")
-def test_this_installation_runs_with_this_interpreter():
+def test_this_installation_runs_with_this_interpreter(tmp_path, monkeypatch):
+    """``acp-bridge`` as an agent's command, with no ``acp-bridge`` on PATH (a venv that is
+    not activated): this very installation, through this interpreter."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # (an empty directory: nothing on PATH)
+    assert shutil.which("acp-bridge") is None
     early = _early_agent(None, ["self=acp-bridge demo-agent"])
     assert early is not None
     assert early[1].argv == [sys.executable, "-m", "acp_bridge", "demo-agent"]

@@ -8,6 +8,7 @@ the trio adapters that batch writes and run them off the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,6 +18,8 @@ import time
 from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar
 
 import attrs
+
+from acp_bridge._segments import Segments
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -138,6 +141,16 @@ MIGRATIONS: Final[Sequence[str]] = (
     """
     ALTER TABLE sessions ADD COLUMN parent TEXT;
     """,
+    # The journal's bytes in segment files (``_segments``): a row written since holds the
+    # run's place there and an empty ``data``; rows written before keep theirs inline (read
+    # as before: no rewrite of an existing store). The partial index finds whether a segment
+    # is still referenced (retention deletes the files no row points into).
+    """
+    ALTER TABLE journal ADD COLUMN segment INTEGER;
+    ALTER TABLE journal ADD COLUMN position INTEGER;
+    ALTER TABLE journal ADD COLUMN length INTEGER;
+    CREATE INDEX journal_segment ON journal (segment) WHERE segment IS NOT NULL;
+    """,
 )
 
 #: The page size of a new store (an existing one keeps its own). 16 KiB, not SQLite's 4 KiB:
@@ -229,14 +242,20 @@ class Store:
     loop, e.g. through ``trio.to_thread``), and only one thread may write at a time.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, path: str, segments: Segments | None = None
+    ) -> None:
         self._conn = conn
         self.path = path
         self._lock = threading.RLock()
+        #: where the journal's bytes go (None: inline in the rows, a ``:memory:`` store)
+        self.segments = segments
 
     @_serialized
     def close(self) -> None:
         self._conn.close()
+        if self.segments is not None:
+            self.segments.close()
 
     @_serialized
     def append_audit(self, records: Iterable[AuditRecord]) -> None:
@@ -262,7 +281,10 @@ class Store:
         pending_removed: Iterable[str] = (),
     ) -> None:
         """
-        One transaction for a batch of changes (the journal writer calls this).
+        One transaction for a batch of changes (the journal writer calls this). The
+        journal's bytes go to the segment files first (one write, then ``fdatasync``), then the
+        transaction commits the rows that index them; an ``OSError`` there (a full disk)
+        leaves the store as it was and is raised, as SQLite's own errors are.
 
         ``journal_runs`` are runs of entries already in column order (session, first seq,
         last seq, live, time, the entries' lines joined): the writer's hot path, with no
@@ -271,6 +293,16 @@ class Store:
         then the ``deleted`` ones go: the rows and entries of the batch, recorded after the
         delete, are of a new session with that id (an agent counting from 1 again).
         """
+        rows = [(e.session, e.seq, e.seq, int(e.live), e.time, e.data) for e in journal]
+        rows += journal_runs
+        index: list[tuple[str, int, int, int, float, bytes, int | None, int | None, int]] = []
+        if rows and self.segments is not None:
+            segment, position = self.segments.append([row[5] for row in rows])
+            for session, first, last, live, stamp, data in rows:
+                index.append((session, first, last, live, stamp, b"", segment, position, len(data)))
+                position += len(data)
+        else:
+            index = [(*row, None, None, len(row[5])) for row in rows]
         with self._conn as conn:
             for old, new in renamed:
                 conn.execute("DELETE FROM journal WHERE session = ?", (new,))
@@ -302,13 +334,8 @@ class Store:
                     for r in sessions
                 ],
             )
-            insert = "INSERT OR REPLACE INTO journal VALUES (?,?,?,?,?,?)"
-            conn.executemany(
-                insert,
-                [(e.session, e.seq, e.seq, int(e.live), e.time, e.data) for e in journal],
-            )
-            if journal_runs:
-                conn.executemany(insert, journal_runs)
+            if index:
+                conn.executemany("INSERT OR REPLACE INTO journal VALUES (?,?,?,?,?,?,?,?,?)", index)
             conn.executemany(
                 "INSERT OR REPLACE INTO pending_approvals VALUES (?,?,?,?,?)",
                 [
@@ -319,6 +346,8 @@ class Store:
             conn.executemany(
                 "DELETE FROM pending_approvals WHERE key = ?", [(k,) for k in pending_removed]
             )
+        if deleted or renamed:
+            self._remove_segments()
 
     @_serialized
     def sessions(self) -> list[SessionRow]:
@@ -347,21 +376,31 @@ class Store:
         self, session: str, *, after_seq: int = 0, live_only: bool = False, limit: int = 10**9
     ) -> list[JournalEntry]:
         query = (
-            "SELECT first_seq, last_seq, live, time, data FROM journal "
-            "WHERE session = ? AND last_seq > ?"
+            "SELECT first_seq, last_seq, live, time, data, segment, position, length "
+            "FROM journal WHERE session = ? AND last_seq > ?"
         )
         if live_only:
             query += " AND live = 1"
         out: list[JournalEntry] = []
-        for first, last, live, stamp, data in self._conn.execute(
-            query + " ORDER BY first_seq", (session, after_seq)
-        ):
-            lines = [bytes(data)] if first == last else _lines(bytes(data))
-            for seq, line in enumerate(lines, first):
-                if seq > after_seq:
-                    if len(out) >= limit:
-                        return out
-                    out.append(JournalEntry(session, seq, line, bool(live), stamp))
+        read = None  # (the segment files are opened once per call, when a row is in one)
+        with contextlib.ExitStack() as stack:
+            for first, last, live, stamp, data, segment, position, length in self._conn.execute(
+                query + " ORDER BY first_seq", (session, after_seq)
+            ):
+                if segment is not None:
+                    if self.segments is None:
+                        raise StoreError(f"{self.path}: a journal row in a segment file")
+                    if read is None:
+                        read = stack.enter_context(self.segments.reading())
+                    data = read(segment, position, length)
+                    if data is None:  # (trimmed by another process since the select)
+                        continue
+                lines = [bytes(data)] if first == last else _lines(bytes(data))
+                for seq, line in enumerate(lines, first):
+                    if seq > after_seq:
+                        if len(out) >= limit:
+                            return out
+                        out.append(JournalEntry(session, seq, line, bool(live), stamp))
         return out
 
     @_serialized
@@ -430,7 +469,26 @@ class Store:
                 if aged:
                     conn.execute("DELETE FROM journal WHERE time < ?", (cutoff,))
                     removed += aged
+        if removed:
+            self._remove_segments()
         return int(removed)
+
+    def _remove_segments(self) -> None:
+        """
+        Delete the segment files no row points into any more (after the commit that removed
+        the rows: a crash before leaves a file, never a row without its bytes). One seek in
+        the ``journal_segment`` index per file.
+        """
+        if self.segments is None:
+            return
+        self.segments.remove_unreferenced(
+            lambda number: (
+                self._conn.execute(
+                    "SELECT 1 FROM journal WHERE segment = ? LIMIT 1", (number,)
+                ).fetchone()
+                is not None
+            )
+        )
 
     @_serialized
     def pending_approvals(self) -> list[tuple[str, str, str, str]]:
@@ -490,7 +548,8 @@ def _open(path: str) -> Store:
     for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
         with conn:
             conn.executescript(f"BEGIN;{script};PRAGMA user_version={number};COMMIT;")
-    return Store(conn, path)
+    segments = None if path == ":memory:" else Segments(path + ".journal")
+    return Store(conn, path, segments)
 
 
 class StoreError(Exception):

@@ -452,7 +452,9 @@ class WebSocketFace:
                 raise _Closed(*(ws.closed or (1006, "connection lost")))
 
         try:
-            await client.pump_batches(send)
+            # An answer to an idle client is written by the task that has it (no switch to
+            # this one): over plain TCP, and not through the v2 gate (it rewrites batches).
+            await client.pump_batches(send, ws.offer if gate is None else None)
         except _LinkClosed:
             pass
         except _Closed as exc:

@@ -15,16 +15,19 @@ import threading
 import pytest
 import trio
 import trio.testing
+import trio_websocket
 import wsproto.events as ev
 from wsproto.frame_protocol import FrameProtocol
 
 from .fakes import FakeAgent
 from .test_ws import (
     AUTH,
+    AUTH_HEADERS,
     MEMORY_PORT,
     NEW_SESSION,
     TIMEOUT,
     RawClient,
+    WsPeer,
     open_face,
     open_peer,
     open_server,
@@ -199,3 +202,31 @@ async def test_a_flooding_client_does_not_starve_another():
                 finally:
                     stop.set()
             assert flooded[0] > 0
+
+
+async def test_the_idle_timeout_counts_from_the_last_message(autojump_clock):
+    """A client that sends a message every 60 s outlives an idle timeout of 100 s; once it
+    stops, it is closed 100 s after its last message (the timer is re-armed by each one)."""
+    async with open_face({"a": FakeAgent("a")}, ping_interval=0, idle_timeout=100) as (
+        face,
+        bridge,
+        nursery,
+    ):
+        client_side, server_side = trio.testing.memory_stream_pair()
+        nursery.start_soon(face.handle_connection, server_side)
+        ws = await trio_websocket.wrap_client_stream(
+            nursery, client_side, f"127.0.0.1:{MEMORY_PORT}", "/acp", extra_headers=AUTH_HEADERS
+        )
+        peer = WsPeer(ws)
+        await peer.initialize()
+        for _ in range(3):
+            await trio.sleep(60)
+            reply = await peer.request("session/new", NEW_SESSION)
+            assert "sessionId" in reply["result"]
+        last = trio.current_time()
+        with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await peer.next()
+        assert trio.current_time() == last + 100
+        assert closed.value.reason is not None
+        assert (closed.value.reason.code, closed.value.reason.reason) == (1000, "idle")
+        assert not bridge.clients

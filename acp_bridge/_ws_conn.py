@@ -64,8 +64,10 @@ class ReplayStream(trio.abc.Stream):
         scheduler round before the bytes move), else the next data. Under TLS, or on any
         other stream, the stream's own ``receive_some``.
 
-        A read that finds data does not yield: the caller yields between reads (see
-        :meth:`Frames.next_message`), so a client that floods never starves the others.
+        Every call yields to the scheduler once, so a client that floods never starves the
+        others: a read that found data at once yields after it (shielded: the bytes are
+        returned), one that waited for data has yielded in the wait. So a message that
+        arrives while the reader waits costs no scheduler round besides the wake-up.
         """
         if self._prefix:
             await trio.lowlevel.checkpoint()
@@ -76,14 +78,23 @@ class ReplayStream(trio.abc.Stream):
         size = RECEIVE_BYTES if max_bytes is None else max_bytes
         if fd is not None and not self.broken:
             await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                data = pipes.read_now(fd, size)
+            except BlockingIOError:
+                pass
+            except OSError:
+                return await self._stream.receive_some(size)  # (it raises the proper error)
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
             while True:
+                await trio.lowlevel.wait_readable(fd)
                 try:
                     return pipes.read_now(fd, size)
                 except BlockingIOError:
                     pass
                 except OSError:
                     break  # reset or closed: the stream's own call raises the proper error
-                await trio.lowlevel.wait_readable(fd)
         return await self._stream.receive_some(size)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -222,7 +233,6 @@ class Frames:
         #: our pings waiting for their pong, oldest first
         self._pings: dict[bytes, trio.Event] = {}
         self._ping_number = 0
-        self._read_once = False
 
     def offer(self, message: bytes) -> int | None:
         """
@@ -253,11 +263,7 @@ class Frames:
             await self._control(opcode, payload)
 
     async def _read(self) -> None:
-        if self._read_once:
-            # A read that finds data does not yield: yield between reads, so a client that
-            # floods does not starve the other tasks (the pipes' readers do the same).
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        self._read_once = True
+        # (every read yields once: a client that floods does not starve the other tasks)
         try:
             data = await self.replay.receive_some(RECEIVE_BYTES)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

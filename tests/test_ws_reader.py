@@ -230,3 +230,37 @@ async def test_the_idle_timeout_counts_from_the_last_message(autojump_clock):
         assert closed.value.reason is not None
         assert (closed.value.reason.code, closed.value.reason.reason) == (1000, "idle")
         assert not bridge.clients
+
+
+@pytest.mark.e2e
+async def test_a_message_that_came_while_the_reader_waited_costs_it_no_extra_yield(monkeypatch):
+    """The reader yields once per read: in the wait when it had to wait for the message, so
+    no further scheduler round of its own (a cancel-shielded checkpoint) comes between the
+    socket and the bridge; a read that finds data at once yields after it (see the flood
+    test above)."""
+    yields: list[trio.lowlevel.Task] = []
+    shielded = trio.lowlevel.cancel_shielded_checkpoint
+
+    async def counting() -> None:
+        yields.append(trio.lowlevel.current_task())
+        await shielded()
+
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": FakeAgent("a")}, ping_interval=0) as server:
+            handlers: set[trio.lowlevel.Task] = set()
+            handle = server.bridge.handle_client_line
+
+            async def recording(client, line):  # type: ignore[no-untyped-def]
+                handlers.add(trio.lowlevel.current_task())
+                await handle(client, line)
+
+            server.bridge.handle_client_line = recording  # type: ignore[method-assign]
+            async with open_peer(server.port) as peer:
+                await trio.testing.wait_all_tasks_blocked()  # (the reader waits)
+                monkeypatch.setattr(trio.lowlevel, "cancel_shielded_checkpoint", counting)
+                reply = await peer.request("session/new", NEW_SESSION)
+                assert "sessionId" in reply["result"]
+                await trio.testing.wait_all_tasks_blocked()
+                monkeypatch.undo()
+            (reader,) = handlers
+            assert reader not in yields

@@ -143,6 +143,10 @@ class ClientLink:
         )
         #: the pipe the writer writes to (stdio), when it is one: see :meth:`_put`
         self._fd: int | None = None
+        #: a message transport's write at once (:meth:`pump_batches`' ``offer``): see :meth:`_put`
+        self._offer: Callable[[bytes], int | None] | None = None
+        #: ``_offer`` left the rest of a message to the writer: woken, it sends an empty batch
+        self._flush = False
         #: requests the bridge sent to this client (forwarded agent requests)
         #: ids of requests the bridge sends to clients, from ``request_ids``: the bridge's
         #: counter makes them unique across its connections, so an answer meant for a
@@ -207,11 +211,20 @@ class ClientLink:
             # bytes at once (one scheduler round less per hop); what it does not take now
             # is queued for the writer as usual. Not for a stream of updates (``direct``
             # False): queued, they leave in one write per burst instead of one per update.
+            # A message transport frames and offers the message; the rest of a frame the
+            # socket did not take is the transport's, and the writer is woken to send it.
             if direct and self._fd is not None:
                 sent = pipes.write_now(self._fd, data)
                 if sent == len(data):
                     return
                 data = data[sent:]
+            elif direct and self._offer is not None:
+                left = self._offer(data)
+                if left is not None:
+                    if left:
+                        self._flush = True
+                        self._writer_lot.unpark()
+                    return
             self._writer_lot.unpark()
         if lane:
             self._lane.append(data)
@@ -370,7 +383,7 @@ class ClientLink:
         lane = self._lane
         self._took_runs = False
         while not queue and not lane:
-            if self._finished:
+            if self._finished or self._flush:
                 return []
             await self._writer_lot.park()
         if not lane and len(queue) == 1:
@@ -424,17 +437,34 @@ class ClientLink:
         finally:
             self._fd = None
 
-    async def pump_batches(self, send: Callable[[list[bytes]], Awaitable[object]]) -> None:
+    async def pump_batches(
+        self,
+        send: Callable[[list[bytes]], Awaitable[object]],
+        offer: Callable[[bytes], int | None] | None = None,
+    ) -> None:
         """
         Hand what is queued to ``send``, a list of messages at a time (up to
         ``WRITE_BATCH_BYTES``), until the link finishes: for message transports that can
         write several messages at once. Each message keeps its trailing newline (a run
         :meth:`put_run` queued is handed over as its messages).
+
+        ``offer``: the transport's write at once, for a message put while this writer is
+        idle (see :meth:`_put`); it returns None when it took nothing (the message is then
+        queued), else how many bytes of it it left unwritten: then ``send`` is soon called
+        with an empty batch, and must write those first (as it must before any batch).
         """
-        while batch := await self._take(WRITE_BATCH_BYTES):
-            if self._took_runs:
-                batch = [line + b"\n" for e in batch for line in e.split(b"\n")[:-1]]
-            await send(batch)
+        self._offer = offer
+        try:
+            while True:
+                batch = await self._take(WRITE_BATCH_BYTES)
+                self._flush = False
+                if not batch and self._finished:
+                    break
+                if self._took_runs:
+                    batch = [line + b"\n" for e in batch for line in e.split(b"\n")[:-1]]
+                await send(batch)
+        finally:
+            self._offer = None
 
 
 async def pump_channel(

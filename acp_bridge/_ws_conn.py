@@ -39,6 +39,10 @@ class ReplayStream(trio.abc.Stream):
 
     Cancellation: a write in progress is finished first (within ``send_timeout``), so the
     peer never gets half a frame.
+
+    :meth:`offer` writes a frame without the lock, from any task, when no write is under
+    way; what the socket does not take of it is the *tail*, which every later write sends
+    first (see :meth:`offer` for who must make that write).
     """
 
     def __init__(self, stream: trio.abc.Stream, prefix: bytes, *, send_timeout: float) -> None:
@@ -51,6 +55,8 @@ class ReplayStream(trio.abc.Stream):
         self.broken = False
         #: the close frame went out: no data frame may follow
         self.close_sent = False
+        #: the rest of a frame :meth:`offer` wrote in part: the next write sends it first
+        self._tail = b""
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """
@@ -58,8 +64,10 @@ class ReplayStream(trio.abc.Stream):
         scheduler round before the bytes move), else the next data. Under TLS, or on any
         other stream, the stream's own ``receive_some``.
 
-        A read that finds data does not yield: the caller yields between reads (see
-        :meth:`Frames.next_message`), so a client that floods never starves the others.
+        Every call yields to the scheduler once, so a client that floods never starves the
+        others: a read that found data at once yields after it (shielded: the bytes are
+        returned), one that waited for data has yielded in the wait. So a message that
+        arrives while the reader waits costs no scheduler round besides the wake-up.
         """
         if self._prefix:
             await trio.lowlevel.checkpoint()
@@ -70,14 +78,23 @@ class ReplayStream(trio.abc.Stream):
         size = RECEIVE_BYTES if max_bytes is None else max_bytes
         if fd is not None and not self.broken:
             await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                data = pipes.read_now(fd, size)
+            except BlockingIOError:
+                pass
+            except OSError:
+                return await self._stream.receive_some(size)  # (it raises the proper error)
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
             while True:
+                await trio.lowlevel.wait_readable(fd)
                 try:
                     return pipes.read_now(fd, size)
                 except BlockingIOError:
                     pass
                 except OSError:
                     break  # reset or closed: the stream's own call raises the proper error
-                await trio.lowlevel.wait_readable(fd)
         return await self._stream.receive_some(size)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -107,6 +124,8 @@ class ReplayStream(trio.abc.Stream):
                 try:
                     if self.close_sent:
                         return False
+                    if self._tail:  # (under the lock: nothing else can come between)
+                        data, self._tail = self._tail + data, b""
                     sent = pipes.write_now(self._fd, data)
                     if sent < len(data):
                         await self._write(data[sent:])
@@ -119,9 +138,43 @@ class ReplayStream(trio.abc.Stream):
             await self._write(data)
             return True
 
+    def offer(self, message: bytes) -> int | None:
+        """
+        Write ``message`` (a JSON line) as one text frame now, without waiting, if no write
+        is under way and none waits (the write lock is free), the socket is plain TCP, and
+        the close frame is not out: an answer to an idle client leaves from the task that
+        has it, with no task switch. None: nothing written (the caller queues the message
+        for its writer as usual).
+
+        Else the bytes of the frame the socket did not take (0: all written). They are the
+        *tail*, which the next write under the lock sends before anything else, so frames
+        stay whole and in order. The caller must make sure such a write comes (the bridge
+        wakes the connection's writer, which flushes with an empty :meth:`send_messages`);
+        until then any other write (a pong, the close frame) sends the tail first. Bound: one
+        tail (the rest of one message); while it waits, ``offer`` takes nothing.
+        """
+        fd = self._fd
+        if fd is None or self.broken or self.close_sent or self._tail or self._write_lock.locked():
+            return None
+        data = text_frames([message])
+        sent = pipes.write_now(fd, data)
+        if not sent:  # (full, or an error: the writer's own write meets it)
+            return None
+        if sent < len(data):
+            self._tail = data[sent:]
+        return len(data) - sent
+
+    @property
+    def tail_waiting(self) -> bool:
+        """Part of a frame :meth:`offer` wrote waits for the next write."""
+        return bool(self._tail)
+
     async def _write(self, data: bytes | bytearray | memoryview) -> None:
         if self.broken:
             raise trio.BrokenResourceError("an earlier write failed")
+        if self._tail:  # (the rest of an offered frame goes before anything else)
+            data = self._tail + bytes(data)
+            self._tail = b""
         # Shielded: a frame is written whole even when the connection is being cancelled
         # (half a frame would turn our close frame into garbage); the deadline still cuts
         # off a peer that takes nothing.
@@ -180,7 +233,13 @@ class Frames:
         #: our pings waiting for their pong, oldest first
         self._pings: dict[bytes, trio.Event] = {}
         self._ping_number = 0
-        self._read_once = False
+
+    def offer(self, message: bytes) -> int | None:
+        """
+        Write ``message`` at once if the connection can take it now
+        (:meth:`ReplayStream.offer`); never once it ended (the writer does not either).
+        """
+        return self.replay.offer(message) if self.closed is None else None
 
     async def next_message(self) -> bytes | None:
         """
@@ -204,11 +263,7 @@ class Frames:
             await self._control(opcode, payload)
 
     async def _read(self) -> None:
-        if self._read_once:
-            # A read that finds data does not yield: yield between reads, so a client that
-            # floods does not starve the other tasks (the pipes' readers do the same).
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        self._read_once = True
+        # (every read yields once: a client that floods does not starve the other tasks)
         try:
             data = await self.replay.receive_some(RECEIVE_BYTES)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -15,16 +15,19 @@ import threading
 import pytest
 import trio
 import trio.testing
+import trio_websocket
 import wsproto.events as ev
 from wsproto.frame_protocol import FrameProtocol
 
 from .fakes import FakeAgent
 from .test_ws import (
     AUTH,
+    AUTH_HEADERS,
     MEMORY_PORT,
     NEW_SESSION,
     TIMEOUT,
     RawClient,
+    WsPeer,
     open_face,
     open_peer,
     open_server,
@@ -199,3 +202,65 @@ async def test_a_flooding_client_does_not_starve_another():
                 finally:
                     stop.set()
             assert flooded[0] > 0
+
+
+async def test_the_idle_timeout_counts_from_the_last_message(autojump_clock):
+    """A client that sends a message every 60 s outlives an idle timeout of 100 s; once it
+    stops, it is closed 100 s after its last message (the timer is re-armed by each one)."""
+    async with open_face({"a": FakeAgent("a")}, ping_interval=0, idle_timeout=100) as (
+        face,
+        bridge,
+        nursery,
+    ):
+        client_side, server_side = trio.testing.memory_stream_pair()
+        nursery.start_soon(face.handle_connection, server_side)
+        ws = await trio_websocket.wrap_client_stream(
+            nursery, client_side, f"127.0.0.1:{MEMORY_PORT}", "/acp", extra_headers=AUTH_HEADERS
+        )
+        peer = WsPeer(ws)
+        await peer.initialize()
+        for _ in range(3):
+            await trio.sleep(60)
+            reply = await peer.request("session/new", NEW_SESSION)
+            assert "sessionId" in reply["result"]
+        last = trio.current_time()
+        with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await peer.next()
+        assert trio.current_time() == last + 100
+        assert closed.value.reason is not None
+        assert (closed.value.reason.code, closed.value.reason.reason) == (1000, "idle")
+        assert not bridge.clients
+
+
+@pytest.mark.e2e
+async def test_a_message_that_came_while_the_reader_waited_costs_it_no_extra_yield(monkeypatch):
+    """The reader yields once per read: in the wait when it had to wait for the message, so
+    no further scheduler round of its own (a cancel-shielded checkpoint) comes between the
+    socket and the bridge; a read that finds data at once yields after it (see the flood
+    test above)."""
+    yields: list[trio.lowlevel.Task] = []
+    shielded = trio.lowlevel.cancel_shielded_checkpoint
+
+    async def counting() -> None:
+        yields.append(trio.lowlevel.current_task())
+        await shielded()
+
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": FakeAgent("a")}, ping_interval=0) as server:
+            handlers: set[trio.lowlevel.Task] = set()
+            handle = server.bridge.handle_client_line
+
+            async def recording(client, line):  # type: ignore[no-untyped-def]
+                handlers.add(trio.lowlevel.current_task())
+                await handle(client, line)
+
+            server.bridge.handle_client_line = recording  # type: ignore[method-assign]
+            async with open_peer(server.port) as peer:
+                await trio.testing.wait_all_tasks_blocked()  # (the reader waits)
+                monkeypatch.setattr(trio.lowlevel, "cancel_shielded_checkpoint", counting)
+                reply = await peer.request("session/new", NEW_SESSION)
+                assert "sessionId" in reply["result"]
+                await trio.testing.wait_all_tasks_blocked()
+                monkeypatch.undo()
+            (reader,) = handlers
+            assert reader not in yields

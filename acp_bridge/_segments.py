@@ -116,6 +116,26 @@ class Segments:
                 if fd is not None:
                     os.close(fd)
 
+    def size(self, number: int) -> int:
+        """The bytes of a segment file (0 when it is gone)."""
+        try:
+            return os.stat(self.path(number)).st_size
+        except FileNotFoundError:
+            return 0
+
+    def sealed(self) -> list[int]:
+        """
+        The segments no append goes to any more, oldest first: every file but the newest and
+        the one open for appending (compaction copies out of these only, into the newest).
+        """
+        return [n for n in self.numbers()[:-1] if n != self._number]
+
+    def remove(self, number: int) -> None:
+        """Delete a sealed segment (compaction, once no index row points into it)."""
+        assert number in self.sealed(), number
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(number))
+
     def remove_unreferenced(self, referenced: Callable[[int], bool]) -> list[int]:
         """
         Delete the segments ``referenced`` says no index row points into; never the newest

@@ -92,7 +92,8 @@ class Segments:
     def reading(self) -> Iterator[Callable[[int, int, int], bytes | None]]:
         """
         ``read(segment, offset, length)``: the bytes, or None when the file is gone or
-        shorter (retention removed it since the index was read: another process's trim).
+        shorter (retention or compaction removed it since the index was read: another
+        process's pass; ``Store.journal`` then reads the index again).
         The files opened are closed at the end of the block.
         """
         fds: dict[int, int | None] = {}

@@ -92,7 +92,8 @@ class Segments:
     def reading(self) -> Iterator[Callable[[int, int, int], bytes | None]]:
         """
         ``read(segment, offset, length)``: the bytes, or None when the file is gone or
-        shorter (retention removed it since the index was read: another process's trim).
+        shorter (retention or compaction removed it since the index was read: another
+        process's pass; ``Store.journal`` then reads the index again).
         The files opened are closed at the end of the block.
         """
         fds: dict[int, int | None] = {}
@@ -115,6 +116,26 @@ class Segments:
             for fd in fds.values():
                 if fd is not None:
                     os.close(fd)
+
+    def size(self, number: int) -> int:
+        """The bytes of a segment file (0 when it is gone)."""
+        try:
+            return os.stat(self.path(number)).st_size
+        except FileNotFoundError:
+            return 0
+
+    def sealed(self) -> list[int]:
+        """
+        The segments no append goes to any more, oldest first: every file but the newest and
+        the one open for appending (compaction copies out of these only, into the newest).
+        """
+        return [n for n in self.numbers()[:-1] if n != self._number]
+
+    def remove(self, number: int) -> None:
+        """Delete a sealed segment (compaction, once no index row points into it)."""
+        assert number in self.sealed(), number
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(number))
 
     def remove_unreferenced(self, referenced: Callable[[int], bool]) -> list[int]:
         """

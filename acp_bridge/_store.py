@@ -160,6 +160,13 @@ MIGRATIONS: Final[Sequence[str]] = (
 #: 16 KiB instead of 4.
 PAGE_SIZE: Final = 16 * 1024
 
+#: Compaction copies at most this many bytes per retention pass, or, when more, what the
+#: journal appended since the previous pass (or one segment's kept bytes, when a single one
+#: is more): each byte copied frees more than one, so a pass that stops at this bound has
+#: still freed more than was written since the one before (docs/performance.md, "The
+#: journal's bytes in append-only segments": compaction).
+COMPACT_BYTES: Final = 64 * 1024 * 1024
+
 
 @attrs.frozen
 class SessionRow:
@@ -250,6 +257,7 @@ class Store:
         self._lock = threading.RLock()
         #: where the journal's bytes go (None: inline in the rows, a ``:memory:`` store)
         self.segments = segments
+        self._compaction = _Compaction(conn, segments)
 
     @_serialized
     def close(self) -> None:
@@ -296,20 +304,26 @@ class Store:
         rows = [(e.session, e.seq, e.seq, int(e.live), e.time, e.data) for e in journal]
         rows += journal_runs
         index: list[tuple[str, int, int, int, float, bytes, int | None, int | None, int]] = []
+        dead: dict[int, int] = {}  # (segment: bytes of the rows the transaction removes)
         if rows and self.segments is not None:
-            segment, position = self.segments.append([row[5] for row in rows])
+            segment, start = self.segments.append([row[5] for row in rows])
+            position = start
             for session, first, last, live, stamp, data in rows:
                 index.append((session, first, last, live, stamp, b"", segment, position, len(data)))
                 position += len(data)
+            dead[segment] = start - position  # (negative: bytes added)
+            self._compaction.appended += position - start
         else:
             index = [(*row, None, None, len(row[5])) for row in rows]
         with self._conn as conn:
             for old, new in renamed:
+                self._compaction.removing(dead, "WHERE session = ?", (new,))
                 conn.execute("DELETE FROM journal WHERE session = ?", (new,))
                 conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (new,))
                 conn.execute("UPDATE journal SET session = ? WHERE session = ?", (new, old))
                 conn.execute("UPDATE sessions SET bridge_id = ? WHERE bridge_id = ?", (new, old))
             for bridge_id in deleted:
+                self._compaction.removing(dead, "WHERE session = ?", (bridge_id,))
                 conn.execute("DELETE FROM journal WHERE session = ?", (bridge_id,))
                 conn.execute("DELETE FROM sessions WHERE bridge_id = ?", (bridge_id,))
             conn.executemany(
@@ -346,6 +360,7 @@ class Store:
             conn.executemany(
                 "DELETE FROM pending_approvals WHERE key = ?", [(k,) for k in pending_removed]
             )
+        self._compaction.count_dead(dead)
         if deleted or renamed:
             self._remove_segments()
 
@@ -383,25 +398,36 @@ class Store:
             query += " AND live = 1"
         out: list[JournalEntry] = []
         read = None  # (the segment files are opened once per call, when a row is in one)
+        start, retried = after_seq, None
         with contextlib.ExitStack() as stack:
-            for first, last, live, stamp, data, segment, position, length in self._conn.execute(
-                query + " ORDER BY first_seq", (session, after_seq)
-            ):
-                if segment is not None:
-                    if self.segments is None:
-                        raise StoreError(f"{self.path}: a journal row in a segment file")
-                    if read is None:
-                        read = stack.enter_context(self.segments.reading())
-                    data = read(segment, position, length)
-                    if data is None:  # (trimmed by another process since the select)
-                        continue
-                lines = [bytes(data)] if first == last else _lines(bytes(data))
-                for seq, line in enumerate(lines, first):
-                    if seq > after_seq:
-                        if len(out) >= limit:
-                            return out
-                        out.append(JournalEntry(session, seq, line, bool(live), stamp))
-        return out
+            while True:
+                cursor = self._conn.execute(query + " ORDER BY first_seq", (session, start))
+                for first, last, live, stamp, data, segment, position, length in cursor:
+                    if segment is not None:
+                        if self.segments is None:
+                            raise StoreError(f"{self.path}: a journal row in a segment file")
+                        if read is None:
+                            read = stack.enter_context(self.segments.reading())
+                        data = read(segment, position, length)
+                        if data is None and retried != (first, segment, position):
+                            # The file went since the select (another process's retention
+                            # or compaction): select again from this row, in a new snapshot
+                            # of the index (once the cursor is closed), where the row is
+                            # gone (trimmed) or points at its copy (compacted).
+                            retried = (first, segment, position)
+                            start = max(after_seq, first - 1)
+                            break
+                        if data is None:  # (gone in the new snapshot too: trimmed)
+                            continue
+                    lines = [bytes(data)] if first == last else _lines(bytes(data))
+                    for seq, line in enumerate(lines, first):
+                        if seq > after_seq:
+                            if len(out) >= limit:
+                                return out
+                            out.append(JournalEntry(session, seq, line, bool(live), stamp))
+                else:
+                    return out
+                cursor.close()
 
     @_serialized
     def journal_bounds(self, session: str) -> tuple[int, int]:
@@ -433,6 +459,7 @@ class Store:
         keep_entries: int,
         max_age: float | None = None,
         sessions: Iterable[str] | None = None,
+        compact_bytes: int | None = None,
     ) -> int:
         """
         Retention: per session keep the newest ``keep_entries``, none older than ``max_age``
@@ -442,9 +469,12 @@ class Store:
 
         Each session costs index seeks and the runs removed; the age limit, a range of
         the ``time`` index. Nothing here reads the whole journal: a pass over a journal of a
-        million runs took 7.6 s, and commits waited behind it.
+        million runs took 7.6 s, and commits waited behind it. Then compaction of the segment
+        files (``_Compaction.run``), at most ``compact_bytes`` copied (None: ``COMPACT_BYTES`` or
+        what was appended since the last pass, whichever is more).
         """
         removed = 0
+        dead: dict[int, int] = {}
         with self._conn as conn:
             if sessions is None:
                 sessions = [s for (s,) in conn.execute("SELECT DISTINCT session FROM journal")]
@@ -458,6 +488,7 @@ class Store:
                     (session, bound, bound),
                 ).fetchone()
                 if count:
+                    self._compaction.removing(dead, where, (session, bound, bound))
                     conn.execute("DELETE FROM journal " + where, (session, bound, bound))
                     removed += count
             if max_age is not None:
@@ -467,10 +498,13 @@ class Store:
                     (cutoff,),
                 ).fetchone()
                 if aged:
+                    self._compaction.removing(dead, "WHERE time < ?", (cutoff,))
                     conn.execute("DELETE FROM journal WHERE time < ?", (cutoff,))
                     removed += aged
+        self._compaction.count_dead(dead)
         if removed:
             self._remove_segments()
+        self._compaction.run(compact_bytes)
         return int(removed)
 
     def _remove_segments(self) -> None:
@@ -516,6 +550,115 @@ class Store:
             record["options"] = json.loads(record["options"])
             rows.append(record)
         return rows
+
+
+class _Compaction:
+    """
+    The segment files' compaction (``Store.trim_journal`` runs it, under the store's lock)
+    and the count of the kept bytes in each segment it chooses by.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, segments: Segments | None) -> None:
+        self._conn = conn
+        self.segments = segments
+        #: the bytes of kept rows in each segment, counted at the first retention pass, then
+        #: kept up to date by the statements that add and remove rows
+        self._live: dict[int, int] | None = None
+        #: the bytes the writer appended since the last retention pass (compaction's budget)
+        self.appended = 0
+
+    def removing(self, dead: dict[int, int], where: str, args: tuple[Any, ...]) -> None:
+        """
+        Add to ``dead`` the bytes per segment of the rows ``where`` selects, before the
+        statement that deletes them (a cost in the rows removed, which the delete reads too).
+        No ``segment IS NOT NULL`` term: it would let SQLite scan the partial index.
+        """
+        if self._live is None:
+            return
+        for segment, length in self._conn.execute(
+            "SELECT segment, SUM(length) FROM journal " + where + " GROUP BY segment", args
+        ):
+            if segment is not None:
+                dead[segment] = dead.get(segment, 0) + length
+
+    def count_dead(self, dead: dict[int, int]) -> None:
+        """After the commit: the rows added (negative) and removed, in each segment's count."""
+        if self._live is not None:
+            for segment, length in dead.items():
+                self._live[segment] = self._live.get(segment, 0) - length
+
+    def run(self, budget: int | None) -> None:
+        """
+        Copy the kept runs of each sealed segment less than half kept into the newest one,
+        then delete it: the segments' total stays under twice the kept bytes plus the newest
+        (docs/performance.md). Least kept first, until ``budget`` bytes are copied (the rest
+        waits for the next pass). A segment's runs: one append (synced), their rows
+        re-pointed in one transaction, the file deleted after the commit: a crash between
+        leaves both copies and the rows pointing at one; the old file goes at the next pass.
+        """
+        segments = self.segments
+        if segments is None:
+            return
+        if budget is None:
+            budget = max(COMPACT_BYTES, self.appended)
+        self.appended = 0
+        if self._live is None:  # (once per open: a seek in ``journal_segment`` per file)
+            self._live = {n: self._kept_in(n) for n in segments.numbers()}
+        for number in set(self._live) - set(segments.numbers()):
+            del self._live[number]
+        copied, seen = 0, set[int]()
+        while fresh := [n for n in segments.sealed() if n not in seen]:
+            # (again when the copies rotated: the segment appended to before is sealed now)
+            copied = self._compact_some(fresh, budget, copied)
+            seen.update(fresh)
+            if copied >= budget:
+                break
+
+    def _compact_some(self, numbers: list[int], budget: int, copied: int) -> int:
+        """``run`` of these sealed segments; returns the bytes copied in the pass."""
+        segments = self.segments
+        assert segments is not None
+        assert self._live is not None
+        candidates = []
+        for number in numbers:
+            size, kept = segments.size(number), self._live.get(number, 0)
+            if 2 * kept < size:
+                candidates.append((kept / size, number))
+        for _, number in sorted(candidates):
+            rows = self._conn.execute(
+                "SELECT rowid, position, length FROM journal WHERE segment = ? ORDER BY position",
+                (number,),
+            ).fetchall()
+            kept = self._live[number] = sum(length for _, _, length in rows)
+            if 2 * kept >= segments.size(number):  # (the count was off: it is not)
+                continue
+            if copied and copied + kept > budget:
+                return budget  # (the rest: at the next pass)
+            if rows:
+                with segments.reading() as read:
+                    blobs = [read(number, position, length) for _, position, length in rows]
+                if any(blob is None for blob in blobs):  # (never: the file is ours to delete)
+                    raise StoreError(f"{segments.path(number)}: shorter than its index")
+                segment, position = segments.append([blob for blob in blobs if blob is not None])
+                moved = []
+                for rowid, _, length in rows:
+                    moved.append((segment, position, rowid))
+                    position += length
+                with self._conn as conn:
+                    conn.executemany(
+                        "UPDATE journal SET segment = ?, position = ? WHERE rowid = ?", moved
+                    )
+                self._live[segment] = self._live.get(segment, 0) + kept
+                copied += kept
+            segments.remove(number)
+            del self._live[number]
+        return copied
+
+    def _kept_in(self, number: int) -> int:
+        (kept,) = self._conn.execute(
+            "SELECT COALESCE(SUM(length), 0) FROM journal WHERE segment = ?", (number,)
+        ).fetchone()
+        return int(kept)
 
 
 def open_store(path: str) -> Store:

@@ -828,17 +828,26 @@ def test_retention_and_bounds_never_read_the_whole_journal(tmp_path):
     (7.6 s over the soak's million runs, while commits waited and the backlog piled up in
     memory), and ``journal_bounds`` read every run of a session. Each statement they run now
     searches an index; only the first pass (every session) scans one, the covering index of
-    sessions.
+    sessions. So do the segment files' compaction's (a segment per commit here: each pass
+    compacts some), which counts each segment's kept bytes at the first pass.
     """
     store = open_store(str(tmp_path / "b.db"))
-    store.write(journal_runs=_single_runs("s1", 1, 20) + _single_runs("s2", 1, 20))
+    store.segments.max_bytes = 1
+    now = time.time()  # (kept by the age limit: the passes have runs to compact)
+    for first in range(1, 40, 10):
+        store.write(journal_runs=_single_runs("s1", first, first + 9, now))
+        store.write(journal_runs=_single_runs("s2", first, first + 9, now))
     statements: list[str] = []
     store._conn.set_trace_callback(statements.append)
     store.journal_bounds("s1")
-    store.trim_journal(keep_entries=5, max_age=3600.0, sessions=["s1", "s2"])
+    store.trim_journal(keep_entries=13, max_age=3600.0, sessions=["s1", "s2"])
+    store.write(journal_runs=_single_runs("s1", 41, 45, now) + _single_runs("s2", 41, 45, now))
+    store.trim_journal(keep_entries=11, max_age=3600.0, sessions=["s1", "s2"])
     store._conn.set_trace_callback(None)
     reads = [s for s in statements if s.lstrip().startswith(("SELECT", "DELETE"))]
     assert len(reads) >= 7
+    assert any("GROUP BY segment" in s for s in reads)  # (the kept bytes removed)
+    assert any("ORDER BY position" in s for s in reads)  # (the runs copied)
     for sql in reads:
         plan = [row[-1] for row in store._conn.execute("EXPLAIN QUERY PLAN " + sql)]
         assert not any(step.startswith("SCAN") for step in plan), (sql, plan)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sqlite3
@@ -205,3 +206,189 @@ async def test_a_full_disk_raises_from_the_writer_and_leaves_the_store_as_it_was
     store.write(journal_runs=[run("s1", 3, 1)])
     assert seqs(store, "s1") == [(1, b"u1\n"), (2, b"u2\n"), (3, b"u3\n")]
     store.close()
+
+
+def files_size(path: str) -> tuple[int, int]:
+    """(bytes of the segment files but the newest, bytes of the newest)."""
+    directory = path + ".journal"
+    sizes = [os.stat(os.path.join(directory, n)).st_size for n in sorted(os.listdir(directory))]
+    return sum(sizes[:-1]), sizes[-1]
+
+
+def kept_bytes(store) -> int:
+    return store._conn.execute("SELECT COALESCE(SUM(length), 0) FROM journal").fetchone()[0]
+
+
+def pin_and_flood(store, commits: range, expected: list) -> None:
+    """Each commit: one small update of the kept session "pin" beside a flood of a session
+    deleted at the next commit: every segment keeps a little of "pin" and much dead."""
+    for i in commits:
+        expected.append((i, b"pin %d\n" % i))
+        store.write(
+            journal_runs=[("pin", i, i, 1, 1.0, b"pin %d\n" % i), run(f"flood{i}", 1, 100, b"F")],
+            deleted=[f"flood{i - 1}"],
+        )
+
+
+def test_compaction_bounds_the_files_when_every_segment_keeps_a_little(tmp_path):
+    """Without compaction, one kept update per segment pinned every segment: the files held
+    all that was written. After each pass the sealed segments hold at most twice the kept
+    bytes (the newest one apart), and every kept update reads back as written."""
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    store.segments.max_bytes = 1000  # (a segment per 3 commits)
+    expected: list = []
+    for start in range(1, 300, 30):
+        pin_and_flood(store, range(start, start + 30), expected)
+        store.trim_journal(keep_entries=1000, sessions=[])
+        sealed, newest = files_size(path)
+        assert sealed <= 2 * kept_bytes(store), (start, sealed, kept_bytes(store))
+        assert newest < store.segments.max_bytes + 410  # (+ one append: a commit here)
+        assert seqs(store, "pin") == expected
+    assert len(os.listdir(path + ".journal")) < 10  # (100 were written)
+    store.close()
+    store = open_store(path)  # (the counts again, from the index, after a restart)
+    pin_and_flood(store, range(301, 331), expected)
+    store.trim_journal(keep_entries=1000, sessions=[])
+    assert files_size(path)[0] <= 2 * kept_bytes(store)
+    assert seqs(store, "pin") == expected
+    assert [e.seq for e in store.journal("pin", after_seq=150, limit=3)] == [151, 152, 153]
+    store.close()
+
+
+def test_a_pass_copies_at_most_its_budget_and_the_next_passes_go_on(tmp_path, monkeypatch):
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    store.segments.max_bytes = 1000
+    expected: list = []
+    pin_and_flood(store, range(1, 31), expected)  # 10 segments, each a little kept
+    appended = []
+    append = store.segments.append
+    monkeypatch.setattr(
+        store.segments,
+        "append",
+        lambda blobs: appended.append(sum(map(len, blobs))) or append(blobs),
+    )
+    sizes = [sum(files_size(path))]
+    for _ in range(4):
+        store.trim_journal(keep_entries=1000, sessions=[], compact_bytes=30)
+        sizes.append(sum(files_size(path)))
+        assert seqs(store, "pin") == expected
+    assert all(size <= 30 for size in appended), appended  # (3 updates of "pin" a segment)
+    assert len(appended) == 4  # (one segment a pass: the next would go past 30 bytes)
+    assert sizes == sorted(sizes, reverse=True)
+    assert len(set(sizes)) == 5
+    assert files_size(path)[0] > 2 * kept_bytes(store)  # (not there yet)
+    store.trim_journal(keep_entries=1000, sessions=[])  # (the default: 64 MiB a pass)
+    assert len(os.listdir(path + ".journal")) <= 2
+    assert files_size(path)[0] <= 2 * kept_bytes(store)
+    store.close()
+
+
+def test_a_crash_between_the_copy_and_the_deletion_leaves_both_copies_read_right(
+    tmp_path, monkeypatch
+):
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    store.segments.max_bytes = 1000
+    expected: list = []
+    pin_and_flood(store, range(1, 10), expected)
+    before = sorted(os.listdir(path + ".journal"))
+
+    def crash(number: int) -> None:
+        raise KeyboardInterrupt  # (the process dies after the commit, before the unlink)
+
+    monkeypatch.setattr(store.segments, "remove", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.trim_journal(keep_entries=1000, sessions=[])
+    store.close()
+    assert set(before) <= set(os.listdir(path + ".journal"))  # (both copies)
+    store = open_store(path)
+    assert index(store)[0][2] != int(before[0][:6])  # (the rows point at the copy)
+    assert seqs(store, "pin") == expected
+    store.trim_journal(keep_entries=1000, sessions=[])  # (the old file goes now)
+    assert before[0] not in os.listdir(path + ".journal")
+    assert seqs(store, "pin") == expected
+    store.close()
+
+
+def test_a_crash_between_the_copy_and_the_commit_leaves_the_old_rows_read_right(
+    tmp_path, monkeypatch
+):
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    store.segments.max_bytes = 1000
+    expected: list = []
+    pin_and_flood(store, range(1, 10), expected)
+    before = index(store)
+    append = store.segments.append
+
+    def crash(blobs):
+        append(blobs)  # (the copy is written and synced, then the process dies)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store.segments, "append", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.trim_journal(keep_entries=1000, sessions=[])
+    store.close()
+    store = open_store(path)
+    assert index(store) == before
+    assert seqs(store, "pin") == expected
+    store.trim_journal(keep_entries=1000, sessions=[])
+    assert files_size(path)[0] <= 2 * kept_bytes(store)
+    assert seqs(store, "pin") == expected
+    store.close()
+
+
+def test_compaction_never_copies_out_of_the_segment_appended_to(tmp_path):
+    """The newest segment, however little of it is kept, is neither copied nor deleted: the
+    writer goes on appending to it, and the copies go there (or to the next one)."""
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    store.segments.max_bytes = 1000
+    expected: list = []
+    pin_and_flood(store, range(1, 9), expected)  # segments 1-2 full, 3 being written
+    store.write(deleted=["flood8"])
+    assert store.segments.numbers() == [1, 2, 3]
+    assert store.segments.sealed() == [1, 2]
+    store.trim_journal(keep_entries=1000, sessions=[])
+    assert store.segments.numbers() == [3]  # (3: all but a few bytes dead, kept)
+    assert {segment for _, _, segment, *_ in index(store)} == {3}
+    pin_and_flood(store, range(9, 10), expected)
+    assert index(store)[-1][2] == 3  # (appended to it still)
+    with pytest.raises(AssertionError):
+        store.segments.remove(3)
+    assert seqs(store, "pin") == expected
+    store.close()
+
+
+def test_a_reader_in_another_process_finds_the_rows_compaction_moved(tmp_path, monkeypatch):
+    """``sessions export`` selects the index, then compaction (the daemon) copies the runs and
+    deletes the file before the export reads it: the export selects again and reads the
+    copies; it used to skip them as trimmed."""
+    path = str(tmp_path / "b.db")
+    daemon = open_store(path)
+    daemon.segments.max_bytes = 1000
+    expected: list = []
+    pin_and_flood(daemon, range(1, 10), expected)
+    export = open_store(path)
+    reading = export.segments.reading
+    compacted = []
+
+    @contextlib.contextmanager
+    def racing():
+        with reading() as read:
+
+            def first_compact(number, offset, length):
+                if not compacted:  # (between the export's select and its first read)
+                    compacted.append(daemon.trim_journal(keep_entries=1000, sessions=[]))
+                return read(number, offset, length)
+
+            yield first_compact
+
+    monkeypatch.setattr(export.segments, "reading", racing)
+    assert seqs(export, "pin") == expected
+    assert compacted
+    assert 1 not in daemon.segments.numbers()
+    export.close()
+    daemon.close()

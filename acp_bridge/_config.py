@@ -5,7 +5,9 @@ Pure: no I/O beyond reading the one file in :func:`load_config`, and no trio. On
 cattrs converter (:func:`make_converter`) structures the data with ``forbid_extra_keys`` so a
 misspelt key stops the daemon at startup instead of being silently ignored. Scalars are
 structured strictly (a number is not a string, a boolean is not a number), because cattrs'
-defaults would happily turn ``command = 5`` into ``"5"``.
+defaults would happily turn ``command = 5`` into ``"5"``. A document with no mistake and only
+plain values is structured without it, to the same result (``_quick_config``): cattrs and the
+code it generates stay unloaded at start-up (``_config_cattrs`` holds the converter).
 
 Every problem is reported as one line that names the file and the key path in TOML's own
 dotted syntax, e.g. ``configs/x.toml: unknown key 'agents.demo.comand' (did you mean
@@ -14,30 +16,25 @@ dotted syntax, e.g. ``configs/x.toml: unknown key 'agents.demo.comand' (did you 
 
 from __future__ import annotations
 
-import ast
-import difflib
 import os
 import pathlib
 import re
 import shlex
 import tomllib
 import types
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, cast
+import typing
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
-import cattrs
-from cattrs.errors import (
-    ClassValidationError,
-    ForbiddenExtraKeysError,
-    IterableValidationError,
-    IterableValidationNote,
-)
-from cattrs.gen import make_dict_structure_fn, override
-from cattrs.v import format_exception
 
 from acp_bridge._policy import Policy, parse_policy, render_key_path, unknown_agents
 from acp_bridge._remote import SshConfig, remote_problems
+
+if TYPE_CHECKING:
+    import cattrs
+
+    from acp_bridge import _config_cattrs
 
 __all__ = [
     "AgentConfig",
@@ -317,123 +314,7 @@ class Config:
             raise ConfigError(self.source, [_unknown_default(name, self.agents)]) from None
 
 
-# --- the converter -------------------------------------------------------------------------
-
-
-class _Invalid(ValueError):
-    """A value of the wrong type or shape; the message is shown as is."""
-
-
-def _structure_str(obj: object, _: object) -> str:
-    if not isinstance(obj, str):
-        raise _Invalid("expected a string")
-    return obj
-
-
-def _structure_int(obj: object, _: object) -> int:
-    # bool is an int subclass, but `port = true` is a mistake, not 1.
-    if isinstance(obj, bool) or not isinstance(obj, int):
-        raise _Invalid("expected an integer")
-    return obj
-
-
-def _structure_float(obj: object, _: object) -> float:
-    if isinstance(obj, bool) or not isinstance(obj, int | float):
-        raise _Invalid("expected a number")
-    return float(obj)
-
-
-def _structure_bool(obj: object, _: object) -> bool:
-    if not isinstance(obj, bool):
-        raise _Invalid("expected true or false")
-    return obj
-
-
-def _noted(exc: Exception, index: int | str, type_: object) -> Exception:
-    """Tag ``exc`` with the key or index it happened at, the way cattrs does."""
-    exc.add_note(IterableValidationNote(f"Structuring item @ {index!r}", index, type_))
-    return exc
-
-
-def _structure_str_tuple(obj: object, type_: Any) -> tuple[str, ...]:
-    # A bare string is iterable too; without this check "x y" would become ('x', ' ', 'y').
-    if not isinstance(obj, list | tuple):
-        raise _Invalid("expected an array of strings")
-    errors = [
-        _noted(_Invalid("expected a string"), i, str)
-        for i, item in enumerate(obj)
-        if not isinstance(item, str)
-    ]
-    if errors:
-        raise IterableValidationError("expected strings", errors, type_)
-    return tuple(obj)
-
-
-def _structure_str_map(obj: object, type_: Any) -> Mapping[str, str]:
-    if not isinstance(obj, Mapping):
-        raise _Invalid("expected a table of strings")
-    errors = [
-        _noted(_Invalid("expected a string"), key, str)
-        for key, value in obj.items()
-        if not isinstance(value, str)
-    ]
-    if errors:
-        raise IterableValidationError("expected strings", errors, type_)
-    return types.MappingProxyType(dict(obj))
-
-
-def _agents_hook(converter: cattrs.Converter) -> Callable[[object, Any], Mapping[str, AgentConfig]]:
-    """
-    Structure ``[agents]``: a table keyed by name whose values lack the ``name`` field.
-
-    Each value is structured as an :class:`AgentConfig` with its key injected as ``name``;
-    errors are gathered per agent and tagged with its name, so the paths read
-    ``agents.NAME.KEY``.
-    """
-
-    def structure(obj: object, type_: Any) -> Mapping[str, AgentConfig]:
-        if not isinstance(obj, Mapping):
-            raise _Invalid("expected a table of agents, e.g. [agents.NAME]")
-        agents: dict[str, AgentConfig] = {}
-        errors: list[Exception] = []
-        for name, table in obj.items():
-            if not isinstance(name, str) or not AGENT_NAME_RE.fullmatch(name):
-                errors.append(_noted(_Invalid(_BAD_NAME), name, AgentConfig))
-            elif not isinstance(table, Mapping):
-                errors.append(_noted(_Invalid("expected a table"), name, AgentConfig))
-            elif "name" in table:
-                # The name is the table key; a `name` inside would contradict or repeat it.
-                extra = ForbiddenExtraKeysError("", AgentConfig, {"name"})
-                errors.append(_noted(extra, name, AgentConfig))
-            else:
-                try:
-                    agents[name] = converter.structure({**table, "name": name}, AgentConfig)
-                except Exception as exc:  # a cattrs validation group: say whose it is
-                    errors.append(_noted(exc, name, AgentConfig))
-        if errors:
-            raise IterableValidationError("While structuring agents", errors, type_)
-        return types.MappingProxyType(agents)
-
-    return structure
-
-
-def _table_hook_factory(cl: Any, converter: cattrs.Converter) -> Callable[[object, Any], Any]:
-    """Structure an attrs class from a TOML table, saying "expected a table" for anything else."""
-    if cl is Config:  # `source` records where the data came from; it is not a TOML key
-        inner = make_dict_structure_fn(cl, converter, source=override(omit=True))
-    else:
-        inner = make_dict_structure_fn(cl, converter)
-
-    def structure(obj: object, _: Any) -> Any:
-        if not isinstance(obj, Mapping):
-            raise _Invalid("expected a table")
-        return inner(obj, cl)
-
-    return structure
-
-
-def _is(expected: object) -> Callable[[object], bool]:
-    return lambda type_: type_ == expected
+# --- structuring ---------------------------------------------------------------------------
 
 
 def make_converter() -> cattrs.Converter:
@@ -442,95 +323,108 @@ def make_converter() -> cattrs.Converter:
 
     A new, private converter each call; never the global one.
     """
-    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-    converter.register_structure_hook(str, _structure_str)
-    converter.register_structure_hook(int, _structure_int)
-    converter.register_structure_hook(float, _structure_float)
-    converter.register_structure_hook(bool, _structure_bool)
-    # Generic aliases are not classes, so they are matched by equality, not dispatch.
-    converter.register_structure_hook_func(_is(tuple[str, ...]), _structure_str_tuple)
-    converter.register_structure_hook_func(_is(Mapping[str, str]), _structure_str_map)
-    converter.register_structure_hook_func(_is(Mapping[str, AgentConfig]), _agents_hook(converter))
-    converter.register_structure_hook_factory(attrs.has, _table_hook_factory)
-    return converter
+    from acp_bridge._config_cattrs import make_converter as make
+
+    return make(_schema())
 
 
-_CONVERTER: Final = make_converter()
+def _schema() -> _config_cattrs.Schema:
+    """What the converter structures (its module is imported at the first document it takes)."""
+    from acp_bridge._config_cattrs import Schema
+
+    return Schema(Config, AgentConfig, AGENT_NAME_RE, _BAD_NAME, _NO_AGENTS)
 
 
-# --- error messages ------------------------------------------------------------------------
+def _quick_value(type_: object, value: object) -> tuple[bool, object]:
+    """``(True, structured)`` when the converter's hooks take ``value`` as is, else False."""
+    if type_ is str or type_ == str | None:  # (None, which TOML never gives, is left over)
+        return isinstance(value, str), value
+    if type_ is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if type_ is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return True, float(value)
+    if type_ is bool:
+        return isinstance(value, bool), value
+    if type_ == tuple[str, ...] and isinstance(value, list | tuple):
+        return all(isinstance(v, str) for v in value), tuple(value)
+    if type_ == Mapping[str, str] and isinstance(value, Mapping):
+        strings = all(isinstance(v, str) for v in value.values())
+        return strings, types.MappingProxyType(dict(value))
+    return False, value
+
+
+#: The field types of each class, evaluated once (the annotations are strings).
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _quick_table(cl: Any, table: object, extra: Mapping[str, object] | None = None) -> Any:
+    """``cl`` from a table of known keys and plain values (:func:`_quick_config`), or None."""
+    if not isinstance(table, Mapping):
+        return None
+    hints = _HINTS.get(cl)
+    if hints is None:
+        hints = _HINTS[cl] = typing.get_type_hints(cl)
+    kwargs: dict[str, object] = dict(extra or {})
+    for key, value in table.items():
+        if key in kwargs or not isinstance(key, str):
+            return None
+        ok, kwargs[key] = _quick_value(hints.get(key), value)
+        if not ok:
+            return None
+    if any(f.default is attrs.NOTHING and f.name not in kwargs for f in attrs.fields(cl)):
+        return None  # (a required key is missing)
+    return cl(**kwargs)
+
+
+#: The tables of :class:`Config` the quick structuring takes (``[agents]`` apart).
+_QUICK_TABLES: Final[Mapping[str, type]] = {
+    "bridge": BridgeConfig,
+    "websocket": WebSocketConfig,
+    "store": StoreConfig,
+    "subagents": SubagentsConfig,
+}
+
+
+def _quick_config(data: object) -> Config | None:
+    """
+    The :class:`Config` the converter would build from ``data``, when that is plain; else None.
+
+    Plain: known keys only, and values that pass the converter's checks as they are (strings,
+    integers, numbers, booleans, arrays of strings, tables of strings), agents named as
+    ``AGENT_NAME_RE`` says, and every required key there. Then the converter's result is
+    this one: the same classes built with the same values (integers become floats where a
+    number is expected, arrays tuples, tables read-only mappings). Anything else (a mistake,
+    ``ssh``, ``launcher``, a ``source`` key) gets None, and the converter structures it and
+    says what is wrong: its messages are the only ones. The converter's module (cattrs, and
+    the code cattrs generates) then stays unloaded on the common path (issue 23 item 3).
+    """
+    if not isinstance(data, Mapping) or not isinstance(data.get("agents"), Mapping):
+        return None
+    agents: dict[str, AgentConfig] = {}
+    for name, table in data["agents"].items():
+        if not isinstance(name, str) or not AGENT_NAME_RE.fullmatch(name):
+            return None
+        if not isinstance(table, Mapping) or "name" in table:
+            return None
+        agent = _quick_table(AgentConfig, table, {"name": name})
+        if agent is None:
+            return None
+        agents[name] = agent
+    tables: dict[str, Any] = {}
+    for key, table in data.items():
+        if key == "agents":
+            continue
+        cl = _QUICK_TABLES.get(key) if isinstance(key, str) else None
+        tables[key] = None if cl is None else _quick_table(cl, table)
+        if tables[key] is None:
+            return None
+    return Config(agents=agents, **tables)
+
+
+# --- messages shared with the converter (_config_cattrs) ---------------------------------
 
 _NO_AGENTS: Final = "no agents configured: add an [agents.NAME] table with a command"
 _BAD_NAME: Final = "invalid agent name: use letters, digits, '_', '.' and '-'"
-
-_KeyPath = tuple[str | int, ...]
-
-# One step of a cattrs path as rendered by transform_error: `.attr`, `[0]` or `['key']`.
-_PATH_STEP: Final = re.compile(
-    r"""\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)"""
-    r"""|\[(?P<index>-?[0-9]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\]"""
-)
-
-
-def _parse_path(text: str) -> _KeyPath:
-    """Turn a transform_error path (without its root) back into keys and indices."""
-    steps: list[str | int] = []
-    pos = 0
-    while pos < len(text):
-        m = _PATH_STEP.match(text, pos)
-        if m is None:  # not a shape cattrs produces; keep the text rather than lose it
-            return (*steps, text[pos:])
-        if m["attr"] is not None:
-            steps.append(m["attr"])
-        else:
-            key = ast.literal_eval(m["index"])
-            steps.append(key if isinstance(key, int) else str(key))
-        pos = m.end()
-    return tuple(steps)
-
-
-def _at(path: _KeyPath, message: str) -> str:
-    return f"{render_key_path(path)}: {message}" if path else message
-
-
-def _unknown_key(path: _KeyPath, key: str, cl: type) -> str:
-    known = [f.name for f in attrs.fields(cl) if f.name not in ("name", "source")]
-    hint = difflib.get_close_matches(key, known, n=1)
-    suffix = f" (did you mean {hint[0]!r}?)" if hint else ""
-    return f"unknown key {render_key_path((*path, key))!r}{suffix}"
-
-
-def _describe(exc: BaseException, type_: Any, path: _KeyPath) -> list[str]:
-    if isinstance(exc, ForbiddenExtraKeysError):
-        return [_unknown_key(path, key, exc.cl) for key in sorted(exc.extra_fields)]
-    if isinstance(exc, _Invalid):
-        return [_at(path, str(exc))]
-    if isinstance(exc, KeyError):
-        return [_NO_AGENTS if path == ("agents",) else _at(path, "required key missing")]
-    return [_at(path, format_exception(exc, type_))]
-
-
-def _validation_problems(exc: ClassValidationError) -> list[str]:
-    """
-    Flatten a cattrs error group into one message per problem, unknown keys first.
-
-    ``transform_error`` walks the group and renders each leaf as ``"{message} @ {path}"``;
-    the formatter it calls only records the leaf and returns its index, so the path can be
-    split off without guessing at what a message or a key might contain.
-    """
-    leaves: list[tuple[BaseException, Any]] = []
-
-    def record(leaf: BaseException, type_: Any) -> str:
-        leaves.append((leaf, type_))
-        return str(len(leaves) - 1)
-
-    problems: list[str] = []
-    for line in cattrs.transform_error(exc, path="", format_exception=record):
-        index, _, path = line.partition(" @ ")
-        leaf, type_ = leaves[int(index)]
-        problems.extend(_describe(leaf, type_, _parse_path(path)))
-    problems.sort(key=lambda p: not p.startswith("unknown key"))
-    return problems
 
 
 def _unknown_default(name: str, agents: Mapping[str, AgentConfig]) -> str:
@@ -649,12 +543,14 @@ def parse_config(
     # [policy] has its own parser (acp_bridge._policy), with messages of the same form.
     policy_data = data.get("policy", {}) if isinstance(data, Mapping) else {}
     rest = {k: v for k, v in data.items() if k != "policy"} if isinstance(data, Mapping) else data
-    try:
-        config: Config = _CONVERTER.structure(rest, Config)
-    except ClassValidationError as exc:
-        raise ConfigError(source, _validation_problems(exc)) from None
-    except _Invalid as exc:  # the document itself is not a table
-        raise ConfigError(source, [str(exc)]) from None
+    config = _quick_config(rest)
+    if config is None:  # (a mistake, or a part the quick structuring leaves to the converter)
+        from acp_bridge._config_cattrs import Problems, structure
+
+        try:
+            config = structure(rest, _schema())
+        except Problems as exc:
+            raise ConfigError(source, exc.problems) from None
     policy, policy_problems = parse_policy(cast("Mapping[str, object]", policy_data))
     problems = _check(config) + policy_problems
     if not policy_problems:

@@ -134,6 +134,8 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
     assert positive(startup["agent_ms"])
     assert positive(startup["bridge_ms"])
     assert isinstance(startup["overhead_ms"], float)
+    # (the bytecode written first, as pip install does: no run compiles the package)
+    assert startup["bytecode"] == "compiled before the runs"
     assert "start-up" in table
 
     scale = results["scale"]
@@ -207,3 +209,17 @@ def test_profile_summary_puts_each_sample_in_its_innermost_category():
     assert summary["other_threads_samples"] == {"thread (9): Trio thread 0": 30}
     top = summary["top_functions"][0]
     assert top == {"frame": "loads (acp_bridge/_jsonrpc.py:151)", "samples": 40}
+
+
+def test_the_start_up_runs_find_the_package_compiled():
+    """``bench.run`` writes the bytecode a start would otherwise compile (installs have it)."""
+    import importlib.util
+    import pathlib
+
+    import acp_bridge._cli
+    from bench.run import _compile_package
+
+    cached = pathlib.Path(importlib.util.cache_from_source(acp_bridge._cli.__file__))
+    cached.unlink(missing_ok=True)
+    assert _compile_package() == "compiled before the runs"
+    assert cached.is_file()

@@ -39,6 +39,9 @@ NOT_ON_THE_STDIO_PATH = (
     "acp_bridge._v2_shapes",
     "trio.testing",
     "pytest",
+    # the configuration's converter: a plain configuration is structured without it
+    "cattrs",
+    "acp_bridge._config_cattrs",
 )
 
 #: Runs the real command line (``acp-bridge stdio ...``) and writes, as it exits, every module

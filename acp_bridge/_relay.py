@@ -99,8 +99,9 @@ class Relay:
                         turn = self._reader_turn()
                         # The whole read at once: its lines found and the plain updates
                         # among them told apart at C speed; a run of one session's plain
-                        # updates is relayed as one slice (docs/performance.md).
-                        for segment in scan(block, cap):
+                        # updates is relayed as one slice (docs/performance.md), at most
+                        # a turn's worth at a time.
+                        for segment in scan(block, cap, turn):
                             kind = segment[0]
                             if kind == _RUN:
                                 _, start, end, count, sid = segment

@@ -22,7 +22,8 @@ caller decodes that line as usual.
 Segments, in order (a segment is a tuple, told apart by its first item):
 
 - ``(RUN, start, end, count, sid)``: ``count`` consecutive plain lines of session ``sid``,
-  the bytes ``block[start:end]`` (newlines included); runs are maximal, and a blank line,
+  the bytes ``block[start:end]`` (newlines included); runs are maximal (up to ``max_run``
+  lines: a longer one comes as several, for the reader's turns), and a blank line,
   another session's update or any other line ends one.
 - ``(LINE, start, end)``: any other line, ``block[start:end]`` without its newline (a ``\\r``
   before it is kept, as :class:`acp_bridge._framing.LineDecoder` keeps it).
@@ -35,6 +36,7 @@ Blank lines (empty, or just ``\\r``) give nothing, as LineDecoder skips them.
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from acp_bridge._jsonrpc import JsonRpcError, loads
@@ -76,7 +78,7 @@ def plain_session(line: bytes) -> str | None:
     return sid
 
 
-def scan_reference(block: bytes, max_line: int) -> list[Segment]:
+def scan_reference(block: bytes, max_line: int, max_run: int = sys.maxsize) -> list[Segment]:
     """The segments of ``block`` (complete lines, each ending in ``\\n``), by the definition."""
     if block and not block.endswith(b"\n"):
         raise ValueError("the block must end with a newline")
@@ -93,7 +95,7 @@ def scan_reference(block: bytes, max_line: int) -> list[Segment]:
         else:
             sid = plain_session(line)
             segment = None if sid is not None else (LINE, start, end)
-        if sid is not None and run is not None and run[3] == sid:
+        if sid is not None and run is not None and run[3] == sid and run[2] < max_run:
             run[1] = end + 1
             run[2] += 1
         else:
@@ -112,15 +114,15 @@ def scan_reference(block: bytes, max_line: int) -> list[Segment]:
 _SETUP_KINDS: Final = tuple(sorted(kind.encode() for kind in SETUP_UPDATES))
 
 
-def _load_c() -> Callable[[bytes, int], list[Segment]] | None:
+def _load_c() -> Callable[[bytes, int, int], list[Segment]] | None:
     """The C scanner, or None when it was not built (no compiler at install time)."""
     try:
         from acp_bridge._scanc import scan as c_scan
     except ImportError:
         return None
 
-    def scan_c(block: bytes, max_line: int) -> list[Segment]:
-        return c_scan(block, max_line, _SETUP_KINDS)
+    def scan_c(block: bytes, max_line: int, max_run: int = sys.maxsize) -> list[Segment]:
+        return c_scan(block, max_line, _SETUP_KINDS, max_run)
 
     return scan_c
 

@@ -500,10 +500,11 @@ static PyObject *
 scan(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
-    Py_ssize_t max_line;
+    Py_ssize_t max_line, max_run = PY_SSIZE_T_MAX;
     PyObject *setup, *out = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*nO!:scan", &buf, &max_line, &PyTuple_Type, &setup))
+    if (!PyArg_ParseTuple(args, "y*nO!|n:scan", &buf, &max_line, &PyTuple_Type, &setup,
+                          &max_run))
         return NULL;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(setup); i++)
         if (!PyBytes_Check(PyTuple_GET_ITEM(setup, i))) {
@@ -543,7 +544,7 @@ scan(PyObject *self, PyObject *args)
             FLUSH();
         }
         else if (is_plain(&line, p, nl)) {
-            if (run_start >= 0 && line.sid_len == sid_len &&
+            if (run_start >= 0 && run_count < max_run && line.sid_len == sid_len &&
                 memcmp(line.sid, sid, sid_len) == 0) {
                 run_end = nl + 1 - base;
                 run_count++;
@@ -576,7 +577,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(block, max_line, setup_kinds) -> segments; see acp_bridge._scan"},
+     "scan(block, max_line, setup_kinds[, max_run]) -> segments; see acp_bridge._scan"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,5 +2,5 @@
 from typing import Any
 
 def scan(
-    block: bytes, max_line: int, setup_kinds: tuple[bytes, ...], /
+    block: bytes, max_line: int, setup_kinds: tuple[bytes, ...], max_run: int = ..., /
 ) -> list[tuple[Any, ...]]: ...

@@ -69,6 +69,21 @@ def test_a_run_of_one_session_is_one_segment_and_its_bytes(scan):
 
 
 @pytest.mark.parametrize("scan", SCANNERS)
+def test_a_run_longer_than_max_run_comes_as_several(scan):
+    """``max_run`` cuts a run into pieces of at most that many lines (the reader's turn),
+    each a run of its own, together the bytes of the whole."""
+    a = line(update("s1"))
+    data = block(*[a] * 7)
+    size = len(a) + 1
+    assert scan(data, BIG, 3) == [
+        (RUN, 0, 3 * size, 3, "s1"),
+        (RUN, 3 * size, 6 * size, 3, "s1"),
+        (RUN, 6 * size, 7 * size, 1, "s1"),
+    ]
+    assert scan(data, BIG, 7) == scan(data, BIG) == [(RUN, 0, len(data), 7, "s1")]
+
+
+@pytest.mark.parametrize("scan", SCANNERS)
 def test_runs_end_at_another_session_a_line_and_a_blank_line(scan):
     a, b = line(update("a")), line(update("b"))
     req = b'{"jsonrpc":"2.0","id":1,"method":"fs/read_text_file","params":{}}'
@@ -366,11 +381,15 @@ MAX_LINES = st.sampled_from([BIG, BIG, BIG, 300, 80])
 
 @needs_c
 @settings(max_examples=300, deadline=None)
-@given(lines=st.lists(a_line(), max_size=10), max_line=MAX_LINES)
-def test_c_equals_the_reference_on_the_lines_agents_write(lines, max_line):
+@given(
+    lines=st.lists(a_line(), max_size=10),
+    max_line=MAX_LINES,
+    max_run=st.sampled_from([1, 2, 3, sys.maxsize]),
+)
+def test_c_equals_the_reference_on_the_lines_agents_write(lines, max_line, max_run):
     assert _scan.scan_c is not None
     data = block(*lines)
-    assert _scan.scan_c(data, max_line) == scan_reference(data, max_line)
+    assert _scan.scan_c(data, max_line, max_run) == scan_reference(data, max_line, max_run)
 
 
 # --------------------------------------------------------------------------- C is sound

@@ -1273,6 +1273,16 @@ def parse_args(argv: list[str] | None) -> Settings:
     a = p.parse_args(argv)
     if a.compare is not None and not (a.compare / "acp_bridge" / "__init__.py").is_file():
         p.error(f"--compare {a.compare}: no acp_bridge package there")
+    if a.compare is not None and (a.compare / "acp_bridge" / "_scanc.c").is_file():
+        built = list((a.compare / "acp_bridge").glob("_scanc*.so"))
+        if not built:
+            # (a git checkout has the C scanner's source, not the module pip builds from it)
+            print(
+                f"bench: --compare {a.compare}: its C line scanner is not built, so it runs "
+                "the pure-Python one; build it there first: pip wheel --no-deps -w W DIR, "
+                "then unzip -j W/*.whl 'acp_bridge/_scanc*' -d DIR/acp_bridge",
+                file=sys.stderr,
+            )
     q = a.quick
 
     def pick(value: int | float | None, full: int | float, quick: int | float) -> Any:

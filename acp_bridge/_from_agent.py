@@ -99,15 +99,10 @@ class FromAgent:
         opened: Callable[[Forwarded, Session | None], None] | None = None,
     ) -> None:
         self._hub = hub
-        # The hot path's objects, copied here: one attribute lookup each per update. (The
-        # hub's tracer and journal are given at construction and never replaced.)
         self._sessions = hub.sessions
         self._counters = hub.counters
         self._tracer = hub.tracer
-        self._journal = hub.journal
         self._config = hub.config
-        self._log = hub.log
-        self._read_chunk = read_chunk
         self._agent_log = agent_log
         self._agent_request = agent_request
         self._agent_notification = agent_notification

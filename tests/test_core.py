@@ -264,6 +264,22 @@ def test_fast_encoding_round_trips_to_the_same_value(value):
 _ids = st.text(min_size=1, max_size=8)
 
 
+def _update_of(sid: str, update: object, extra: dict) -> dict:
+    return {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {"sessionId": sid, "update": {"v": update, **extra}},
+    }
+
+
+def _encoded(msg: dict, spaced: bool) -> bytes:
+    """``msg`` as the standard library writes it: compact, or spaced and ASCII-only."""
+    encoder = _jsonrpc.json.JSONEncoder(
+        separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=spaced
+    )
+    return encoder.encode(msg).encode("utf-8", "surrogatepass")
+
+
 @given(
     old=_ids,
     new=_ids,
@@ -277,15 +293,8 @@ def test_a_session_id_rewritten_on_the_bytes_is_the_message_encoded_again(
     """Whenever ``rewrite_session_id`` rewrites the bytes, they decode to the message with
     only ``params.sessionId`` changed, whatever else the line holds (the same id deeper
     down, the key as a value, escapes, other spacing); otherwise it declines (None)."""
-    msg = {
-        "jsonrpc": "2.0",
-        "method": "session/update",
-        "params": {"sessionId": old, "update": {"v": update, **extra}},
-    }
-    encoder = _jsonrpc.json.JSONEncoder(
-        separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=spaced
-    )
-    line = encoder.encode(msg).encode("utf-8", "surrogatepass")
+    msg = _update_of(old, update, extra)
+    line = _encoded(msg, spaced)
     rewritten = _jsonrpc.rewrite_session_id(line, old, new)
     if rewritten is None:
         return
@@ -320,17 +329,7 @@ def test_rewriting_on_the_bytes_declines_what_it_cannot_do_safely():
 def test_a_run_rewritten_on_the_bytes_is_each_of_its_lines_rewritten(old, new, updates):
     """``rewrite_run_session_id`` over a run of lines either declines or gives exactly what
     ``rewrite_session_id`` gives line by line (and declines whenever one line would)."""
-    lines = []
-    for update, extra, spaced in updates:
-        msg = {
-            "jsonrpc": "2.0",
-            "method": "session/update",
-            "params": {"sessionId": old, "update": {"v": update, **extra}},
-        }
-        encoder = _jsonrpc.json.JSONEncoder(
-            separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=spaced
-        )
-        lines.append(encoder.encode(msg).encode("utf-8", "surrogatepass"))
+    lines = [_encoded(_update_of(old, update, extra), spaced) for update, extra, spaced in updates]
     each = [_jsonrpc.rewrite_session_id(line, old, new) for line in lines]
     run = _jsonrpc.rewrite_run_session_id(b"".join(x + b"\n" for x in lines), len(lines), old, new)
     if None in each:

@@ -112,6 +112,26 @@ def test_bytes_a_crash_left_without_an_index_row_are_ignored_and_writing_goes_on
     store.close()
 
 
+def test_the_pages_of_each_append_are_let_go_once_synced(tmp_path, monkeypatch):
+    """After its ``fdatasync``, an append tells the kernel its pages may go (they are clean):
+    the range it wrote, nothing else, and never before the sync."""
+    calls: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(_segments.os, "fdatasync", lambda fd: calls.append(("sync", 0, 0)))
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_DONTNEED
+        calls.append(("dontneed", offset, length))
+
+    monkeypatch.setattr(_segments.os, "posix_fadvise", fadvise)
+    segments = Segments(str(tmp_path / "j"))
+    segments.append([b"first run\n", b"x" * 10])
+    segments.append([b"then\n"])
+    assert calls == [("sync", 0, 0), ("dontneed", 0, 20), ("sync", 0, 0), ("dontneed", 20, 5)]
+    with segments.reading() as read:
+        assert read(1, 0, 25) == b"first run\n" + b"x" * 10 + b"then\n"
+    segments.close()
+
+
 def test_the_segment_is_synced_before_the_index_rows_are_committed(tmp_path, monkeypatch):
     path = str(tmp_path / "b.db")
     store = open_store(path)

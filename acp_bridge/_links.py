@@ -197,13 +197,20 @@ class ClientLink:
         self._writer_lot.unpark_all()
 
     def _put(
-        self, data: bytes, *, direct: bool = True, session: object = None, lane: bool = False
+        self,
+        data: bytes,
+        *,
+        direct: bool = True,
+        session: object = None,
+        lane: bool = False,
+        count: int = 1,
     ) -> None:
         """
-        Write or queue ``data`` (of ``session``, None: of no known session); ``lane``: in the
-        answer lane (:meth:`send_answer` decided it may go there).
+        Write or queue ``data`` (of ``session``, None: of no known session; ``count``
+        messages, whole lines); ``lane``: in the answer lane (:meth:`send_answer` decided it
+        may go there).
         """
-        self._counters["to_client"] += 1
+        self._counters["to_client"] += count
         if self._tracer is not None:
             self._tracer(self._link, "out", data)
         if self._writer_lot:
@@ -235,7 +242,8 @@ class ClientLink:
             self._barrier = n
         else:
             self._last_of[session] = n
-        self._queued += 1
+        self._queued += count
+        self._extra += count - 1
         self._queue.append(data)
 
     def has_room(self, count: int = 1) -> bool:
@@ -341,17 +349,8 @@ class ClientLink:
         as one entry, when :meth:`has_room` said they fit: never waits, never writes. The
         queue's bound counts them one by one.
         """
-        if self.closed:
-            return
-        self._counters["to_client"] += count
-        if self._writer_lot:
-            self._writer_lot.unpark()
-        n = self._put_count
-        self._put_count = n + 1
-        self._last_of[session] = n
-        self._queued += count
-        self._extra += count - 1
-        self._queue.append(data)
+        if not self.closed:
+            self._put(data, direct=False, session=session, count=count)
 
     def queue_depth(self) -> int:
         return self._queued + len(self._lane)

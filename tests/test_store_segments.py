@@ -250,13 +250,19 @@ def pin_and_flood(store, commits: range, expected: list) -> None:
         )
 
 
+def small_segments(tmp_path) -> tuple[str, _store.Store]:
+    """A store whose segments hold about three of :func:`pin_and_flood`'s commits."""
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    store.segments.max_bytes = 1000
+    return path, store
+
+
 def test_compaction_bounds_the_files_when_every_segment_keeps_a_little(tmp_path):
     """Without compaction, one kept update per segment pinned every segment: the files held
     all that was written. After each pass the sealed segments hold at most twice the kept
     bytes (the newest one apart), and every kept update reads back as written."""
-    path = str(tmp_path / "b.db")
-    store = open_store(path)
-    store.segments.max_bytes = 1000  # (a segment per 3 commits)
+    path, store = small_segments(tmp_path)
     expected: list = []
     for start in range(1, 300, 30):
         pin_and_flood(store, range(start, start + 30), expected)
@@ -277,9 +283,7 @@ def test_compaction_bounds_the_files_when_every_segment_keeps_a_little(tmp_path)
 
 
 def test_a_pass_copies_at_most_its_budget_and_the_next_passes_go_on(tmp_path, monkeypatch):
-    path = str(tmp_path / "b.db")
-    store = open_store(path)
-    store.segments.max_bytes = 1000
+    path, store = small_segments(tmp_path)
     expected: list = []
     pin_and_flood(store, range(1, 31), expected)  # 10 segments, each a little kept
     appended = []
@@ -308,9 +312,7 @@ def test_a_pass_copies_at_most_its_budget_and_the_next_passes_go_on(tmp_path, mo
 def test_a_crash_between_the_copy_and_the_deletion_leaves_both_copies_read_right(
     tmp_path, monkeypatch
 ):
-    path = str(tmp_path / "b.db")
-    store = open_store(path)
-    store.segments.max_bytes = 1000
+    path, store = small_segments(tmp_path)
     expected: list = []
     pin_and_flood(store, range(1, 10), expected)
     before = sorted(os.listdir(path + ".journal"))
@@ -335,9 +337,7 @@ def test_a_crash_between_the_copy_and_the_deletion_leaves_both_copies_read_right
 def test_a_crash_between_the_copy_and_the_commit_leaves_the_old_rows_read_right(
     tmp_path, monkeypatch
 ):
-    path = str(tmp_path / "b.db")
-    store = open_store(path)
-    store.segments.max_bytes = 1000
+    path, store = small_segments(tmp_path)
     expected: list = []
     pin_and_flood(store, range(1, 10), expected)
     before = index(store)
@@ -363,9 +363,7 @@ def test_a_crash_between_the_copy_and_the_commit_leaves_the_old_rows_read_right(
 def test_compaction_never_copies_out_of_the_segment_appended_to(tmp_path):
     """The newest segment, however little of it is kept, is neither copied nor deleted: the
     writer goes on appending to it, and the copies go there (or to the next one)."""
-    path = str(tmp_path / "b.db")
-    store = open_store(path)
-    store.segments.max_bytes = 1000
+    _, store = small_segments(tmp_path)
     expected: list = []
     pin_and_flood(store, range(1, 9), expected)  # segments 1-2 full, 3 being written
     store.write(deleted=["flood8"])

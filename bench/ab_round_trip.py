@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import Target, config_text, percentile, targets
+from bench.targets import Target, config_text, percentile, targets
 
 
 def main() -> None:

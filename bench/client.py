@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 READ_SIZE = 1 << 18
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
-_scan = json.JSONDecoder().scan_once  # the C scanner: json.loads minus its Python layers
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner: json.loads minus its Python layers
 
 
 def decode(text: str) -> Any:

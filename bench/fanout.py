@@ -64,7 +64,7 @@ def fanout(
     try:
         deadline = time.monotonic() + timeout
         client = pipe_client(proc)
-        caps = {"subagents": {}}
+        caps: dict[str, Any] = {"subagents": {}}
         client.call("initialize", {"protocolVersion": 1, "clientCapabilities": caps}, deadline)
         sid = client.new_session(str(work), deadline, agent="parent")
         text = f"fanout {children} child flood {chunks}"

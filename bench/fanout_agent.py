@@ -66,7 +66,8 @@ class Mcp:
         result: dict[str, Any] = self.call("tools/call", {"name": name, "arguments": arguments})
         if result.get("isError"):
             raise RuntimeError(f"{name}: {result['content'][0]['text']}")
-        return result["structuredContent"]
+        structured: dict[str, Any] = result["structuredContent"]
+        return structured
 
 
 def fanout(mcp: Mcp, n: int, agent: str, text: str) -> str:

@@ -117,13 +117,13 @@ class FloodAgent:
             )
         elif method == "session/new":
             self.count += 1
-            sid = f"{self.prefix}s{self.count}"
-            self.sessions.add(sid)
+            new_sid = f"{self.prefix}s{self.count}"
+            self.sessions.add(new_sid)
             modes = {
                 "currentModeId": "a",
                 "availableModes": [{"id": "a", "name": "A"}, {"id": "b", "name": "B"}],
             }
-            out.append(_result(req_id, {"sessionId": sid, "modes": modes}))
+            out.append(_result(req_id, {"sessionId": new_sid, "modes": modes}))
         elif method == "session/set_mode":
             out.append(_result(req_id, {}))
         elif method == "session/prompt":

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import JOURNAL_OFF_DEFAULT, Target, config_text, read_cpu
+from bench.targets import JOURNAL_OFF_DEFAULT, Target, config_text, read_cpu
 
 #: (category, pattern over one ``function (file:line)`` frame), tried in this order on each
 #: frame from the innermost out; the first pattern a frame matches names the sample

@@ -6,7 +6,9 @@ The benchmark: the bridge against a direct client-agent pipe, side by side in on
 Scenarios (full size; ``--quick`` in brackets):
 
 - throughput: one session streams N = 200,000 [20,000] ``agent_message_chunk`` updates
-  through: a direct pipe; a naive trio relay that decodes every line (``bench.naive_relay``:
+  through: a direct pipe; a relay in C that only copies bytes (``bench/c_relay.c``: the
+  floor for any process in the middle) and one in Python on a plain epoll loop
+  (``bench.plain_relay``); a naive trio relay that decodes every line (``bench.naive_relay``:
   the floor for any trio process in the middle); ``acp-bridge stdio`` (defaults; with 50
   policy rules and the journal on, then off; with its session id rewritten);
   ``acp-bridge serve`` over WebSocket (defaults, and with a client_queue large enough for a
@@ -14,8 +16,9 @@ Scenarios (full size; ``--quick`` in brackets):
   the last two), ratio to direct; and the CPU time (user + system, all threads) of the
   process in the middle per update, the least of its runs: a figure that depends far less
   on what else the machine is doing than the rates do;
-- round trip: 2,000 [300] sequential ``session/set_mode``: p50/p99, direct vs bridge (stdio
-  and WebSocket), and the latency the bridge adds;
+- round trip: 2,000 [300] sequential ``session/set_mode``: p50/p99, direct vs the relays
+  (C, plain Python epoll, naive trio) vs bridge (stdio and WebSocket) vs peers, and the
+  latency each adds; in blocks of 100 per variant taken in turn;
 - scale: 50 agents x 10 sessions [5 x 4], 500 updates each, flooding at once through one
   stdio bridge: the aggregate rate, when each session finished, and the round trip of a
   probe session (on an idle agent of its own) measured back to back during the flood;
@@ -35,11 +38,8 @@ A run that fails is reported as such; the benchmark exits 0 unless it cannot run
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,26 +50,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from bench import peers
-from bench.client import pipe_client, prompt_params, websocket_client
+from bench.client import pipe_client, prompt_params
 from bench.fanout import fanout
+from bench.report import evaluate, machine_info, render_table, render_targets, table_rows
+from bench.targets import (
+    JOURNAL_NOTE,
+    JOURNAL_OFF_DEFAULT,
+    JOURNAL_ON_DEFAULT,
+    Target,
+    config_text,
+    failure,
+    latency_summary,
+    percentile,
+    read_cpu,
+    read_rss,
+    targets,
+    toml_str,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-
-    from bench.client import Client
-
-FLOOD_AGENT = Path(__file__).with_name("flood_agent.py")
-TOKEN = "bench-token-not-a-secret"
-
-#: "Journal on" is the default ([store] journal = true: every relayed update is recorded in
-#: the SQLite store, in batches, off the event loop); "off" turns that journal off.
-JOURNAL_ON_DEFAULT = ""
-JOURNAL_OFF_DEFAULT = "[store]\njournal = false\n"
-JOURNAL_NOTE = (
-    "journal on = the defaults ([store] journal = true: updates recorded in the SQLite "
-    "store); journal off = [store] journal = false (the in-memory history for session/load "
-    "stays). Other settings: --journal-on-config / --journal-off-config."
-)
+    from collections.abc import Callable
 
 
 @dataclass
@@ -96,267 +96,13 @@ class Settings:
     compare: Path | None = None
 
 
-# --- processes -------------------------------------------------------------------------
-
-
-def agent_argv(prefix: str = "", batch: int | None = None) -> list[str]:
-    argv = [sys.executable, str(FLOOD_AGENT), "--prefix", prefix]
-    if batch is not None:
-        argv += ["--batch", str(batch)]
-    return argv
-
-
-def _toml_str(s: str) -> str:
-    return json.dumps(s)  # a JSON string is a valid TOML basic string for our inputs
-
-
-def config_text(
-    agents: dict[str, str],
-    *,
-    extra: str = "",
-    websocket: bool = False,
-    policy_rules: int = 0,
-    batch: int | None = None,
-) -> str:
-    """A bridge config: one flood agent per ``name → session id prefix``, then ``extra``."""
-    parts = []
-    for name, prefix in agents.items():
-        argv = agent_argv(prefix, batch)
-        parts.append(
-            f"[agents.{name}]\ncommand = {_toml_str(argv[0])}\n"
-            f"args = [{', '.join(_toml_str(a) for a in argv[1:])}]\n"
-        )
-    if websocket:
-        parts.append(
-            f'[websocket]\nhost = "127.0.0.1"\nport = 0\ntoken = {_toml_str(TOKEN)}\n'
-            "ping_interval = 0.0\n"
-        )
-    if policy_rules:
-        # Rules that never match the flood (it asks no permission) but are loaded and parsed.
-        parts.append('[policy]\ndefault = "ask"\n')
-        for i in range(policy_rules):
-            action = ("deny", "ask", "allow")[i % 3]
-            parts.append(
-                f'[[policy.rules]]\nid = "bench-{i}"\nkind = "edit"\n'
-                f'path = "/nonexistent/bench-{i}/**"\naction = "{action}"\n'
-            )
-    parts.append(extra)
-    return "\n".join(parts)
-
-
-def read_cpu(pid: int) -> float:
-    """CPU seconds a process used so far, user and system, all its threads (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def read_rss(pid: int) -> int:
-    """Resident set size of a process, in bytes (VmRSS)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-class Target:
-    """Something a client talks to: the flood agent itself, or a bridge in front of agents."""
-
-    def __init__(
-        self,
-        scratch: Path,
-        key: str,
-        *,
-        kind: str,
-        config: str = "",
-        source: Path | None = None,
-    ) -> None:
-        self.key = key
-        #: run the bridge from this checkout (PYTHONPATH) rather than the installed one
-        self.source = source
-        self.kind = kind  # "direct" | "relay" | "stdio" | "ws" | "supergateway" | "conductor"
-        self.dir = scratch / key
-        self.dir.mkdir(parents=True)
-        self.log_path = self.dir / "stderr.log"
-        self.config_path = self.dir / "bridge.toml"
-        self.config_path.write_text(config)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.client: Client | None = None
-        #: the initialize answer's agentInfo.version (which code answered)
-        self.version: str | None = None
-        self._sock: Any = None
-        #: supergateway's WebSocket port (it cannot pick one itself and say which)
-        self._port: int | None = None
-        #: why a peer cannot run here (then it is reported as not measured)
-        self.unavailable: str | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def spawn(self) -> None:
-        try:
-            argv = self._argv()
-        except peers.PeerUnavailable as exc:
-            self.unavailable = str(exc)
-            return
-        env = dict(os.environ)
-        env["XDG_STATE_HOME"] = str(self.dir / "state")
-        if self.source is not None:
-            env["PYTHONPATH"] = str(self.source)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL if self.websocket else subprocess.PIPE,
-                stderr=log,
-                env=env,
-                cwd=self.dir,
-                start_new_session=True,
-            )
-
-    @property
-    def websocket(self) -> bool:
-        return self.kind in ("ws", "supergateway")
-
-    def _argv(self) -> list[str]:
-        if self.kind == "direct":
-            return agent_argv()
-        if self.kind == "relay":
-            return [sys.executable, "-m", "bench.naive_relay", *agent_argv()]
-        if self.kind == "supergateway":
-            self._port = peers.free_port()
-            return peers.supergateway_argv(agent_argv(), self._port)
-        if self.kind == "conductor":
-            return peers.conductor_argv(agent_argv())
-        sub = "stdio" if self.kind == "stdio" else "serve"
-        argv = [sys.executable, "-m", "acp_bridge", sub, "--config", str(self.config_path)]
-        if self.kind == "ws":
-            argv += ["--port", "0"]
-        return argv
-
-    def connect(self, deadline: float) -> Client:
-        """Initialize (after the WebSocket handshake for ``ws``)."""
-        if self.unavailable is not None:
-            raise peers.PeerUnavailable(self.unavailable)
-        assert self.proc is not None
-        if self.kind == "ws":
-            url = self._wait_url(deadline)
-            self.client, self._sock = websocket_client(url, TOKEN, deadline)
-        elif self.kind == "supergateway":
-            assert self._port is not None
-            proc = self.proc
-            peers.wait_listening(self._port, deadline, lambda: proc.poll() is None)
-            url = f"ws://127.0.0.1:{self._port}{peers.SUPERGATEWAY_PATH}"
-            self.client, self._sock = websocket_client(url, TOKEN, deadline)
-        else:
-            self.client = pipe_client(self.proc)
-        answer = self.client.initialize(deadline)
-        info = answer.get("agentInfo")
-        self.version = info.get("version") if isinstance(info, dict) else None
-        return self.client
-
-    def _wait_url(self, deadline: float) -> str:
-        marker = "listening on "
-        while time.monotonic() < deadline:
-            for line in self.log_path.read_text(errors="replace").splitlines():
-                if marker in line:
-                    return line.split(marker, 1)[1].split()[0]
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.tail()}")
-            time.sleep(0.02)
-        raise RuntimeError("serve did not print its URL in time")
-
-    def tail(self, n: int = 5) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return " | ".join(lines[-n:])
-
-    def rss(self) -> int | None:
-        return None if self.kind == "direct" else read_rss(self.pid)
-
-    def close(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        with contextlib.suppress(OSError):
-            if self._sock is not None:
-                self._sock.close()
-            if proc.stdin is not None:
-                proc.stdin.close()
-            if self.websocket:
-                proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-@contextlib.contextmanager
-def targets(*items: Target) -> Iterator[None]:
-    try:
-        for t in items:
-            t.spawn()
-        yield
-    finally:
-        for t in items:
-            t.close()
-
-
-#: how a peer that cannot run here is reported (not a failure of the benchmark)
-NOT_MEASURED = "not measured: "
-
-
-def _failure(exc: BaseException, target: Target | None = None) -> str:
-    if isinstance(exc, peers.PeerUnavailable):
-        return f"{NOT_MEASURED}{exc}"
-    text = f"{type(exc).__name__}: {exc}".strip()
-    if target is not None and target.kind != "direct":
-        tail = target.tail(3)
-        if tail:
-            text += f" [log: {tail[-400:]}]"
-    return text
-
-
-# --- statistics ------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of ``values`` (q in [0, 1])."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 1))))
-    return ordered[rank - 1]
-
-
-def latency_summary(seconds: list[float]) -> dict[str, float]:
-    us = [s * 1e6 for s in seconds]
-    return {
-        "count": len(us),
-        "p50_us": percentile(us, 0.50),
-        "p99_us": percentile(us, 0.99),
-        "max_us": max(us),
-        "mean_us": sum(us) / len(us),
-    }
-
-
 # --- scenarios -------------------------------------------------------------------------
 
 #: key → (label, runs taken: "main" variants get --reps runs, the others one).
 THROUGHPUT_VARIANTS = {
     "direct": ("direct pipe", "main"),
+    "c_relay": ("C relay (any process in the middle)", "other"),
+    "plain_relay": ("plain epoll relay, Python", "other"),
     "relay": ("naive trio relay (floor)", "main"),
     "stdio": ("bridge stdio", "main"),
     "ws": ("bridge serve, WebSocket", "main"),
@@ -367,7 +113,18 @@ THROUGHPUT_VARIANTS = {
     "supergateway": (f"{peers.label(peers.SUPERGATEWAY)}, stdio→WebSocket", "main"),
     "conductor": (f"{peers.label(peers.CONDUCTOR)}, stdio", "main"),
 }
-ROUND_TRIP_VARIANTS = ("direct", "relay", "stdio", "ws", "supergateway", "conductor")
+ROUND_TRIP_VARIANTS = (
+    "direct",
+    "c_relay",
+    "plain_relay",
+    "relay",
+    "stdio",
+    "ws",
+    "supergateway",
+    "conductor",
+)
+#: round trips are taken in blocks of this many per variant, the variants in turn
+ROUND_TRIP_BLOCK = 100
 #: peer → the bridge variants it is compared with (the same transport to the client): the
 #: WebSocket one with the default client_queue, or the raised one when the default dropped
 PEER_OF = {"supergateway": ("ws", "ws_queue"), "conductor": ("stdio", "stdio")}
@@ -393,10 +150,11 @@ WS_BIG_QUEUE = "[bridge]\nclient_queue = 1048576\n"
 
 
 def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
-    policy = {"policy_rules": s.policy_rules}
     one = {"flood": ""}
     made = {
         "direct": Target(scratch, "direct", kind="direct"),
+        "c_relay": Target(scratch, "c_relay", kind="c_relay"),
+        "plain_relay": Target(scratch, "plain_relay", kind="plain_relay"),
         "relay": Target(scratch, "relay", kind="relay"),
         "stdio": Target(scratch, "stdio", kind="stdio", config=config_text(one)),
         "ws": Target(scratch, "ws", kind="ws", config=config_text(one, websocket=True)),
@@ -410,13 +168,13 @@ def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
             scratch,
             "stdio_policy_journal_on",
             kind="stdio",
-            config=config_text(one, extra=s.journal_on_config, **policy),
+            config=config_text(one, extra=s.journal_on_config, policy_rules=s.policy_rules),
         ),
         "stdio_policy_journal_off": Target(
             scratch,
             "stdio_policy_journal_off",
             kind="stdio",
-            config=config_text(one, extra=s.journal_off_config, **policy),
+            config=config_text(one, extra=s.journal_off_config, policy_rules=s.policy_rules),
         ),
         # Two agents with the same session ids: the second session's id is rewritten.
         "stdio_rewrite": Target(
@@ -466,8 +224,6 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
     cpu_per_update: dict[str, list[float]] = {k: [] for k in made}
     errors: dict[str, str] = {}
     sessions: dict[str, str] = {}
-    latencies: dict[str, list[float]] = {}
-    rt_errors: dict[str, str] = {}
     rss_after: list[int] = []
     cwd = str(scratch)
     with targets(*made.values()):
@@ -482,20 +238,8 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
                         raise RuntimeError(f"expected a rewritten session id, got {sid!r}")
                 sessions[key] = sid
             except Exception as exc:
-                errors[key] = _failure(exc, t)
-        for key in ROUND_TRIP_VARIANTS:
-            t = made[key]
-            if key in errors:
-                rt_errors[key] = errors[key]
-                continue
-            try:
-                assert t.client is not None
-                deadline = time.monotonic() + s.timeout
-                warm = min(200, s.round_trips // 4)
-                t.client.set_mode_latencies(sessions[key], warm, deadline)
-                latencies[key] = t.client.set_mode_latencies(sessions[key], s.round_trips, deadline)
-            except Exception as exc:
-                rt_errors[key] = _failure(exc, t)
+                errors[key] = failure(exc, t)
+        latencies, rt_errors = round_trips(s, made, sessions, errors)
         warmup = min(s.n, 500)  # below the default client_queue: a warm-up never overflows
         for key, t in made.items():
             if key in errors:
@@ -506,7 +250,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
                 if count != warmup:
                     raise RuntimeError(f"warm-up: {count} updates, expected {warmup}")
             except Exception as exc:
-                errors[key] = _failure(exc, t)
+                errors[key] = failure(exc, t)
         for rep in range(s.reps):
             for key, t in made.items():
                 if key in errors or (rep > 0 and variant_table[key][1] != "main"):
@@ -526,7 +270,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
                     if key == "stdio":
                         rss_after.append(read_rss(t.pid))
                 except Exception as exc:
-                    errors[key] = _failure(exc, t)
+                    errors[key] = failure(exc, t)
 
     direct_best = max(runs["direct"]) if runs["direct"] else None
     variants: dict[str, Any] = {}
@@ -543,7 +287,7 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
         }
     on = variants["stdio_policy_journal_on"]["updates_per_s"]
     off = variants["stdio_policy_journal_off"]["updates_per_s"]
-    throughput = {
+    throughput: dict[str, Any] = {
         "n": s.n,
         "reps": s.reps,
         "reps_note": "best of --reps runs, except one run for the rewrite variant and the "
@@ -573,6 +317,49 @@ def throughput_and_round_trip(s: Settings, scratch: Path) -> tuple[dict[str, Any
             rt[key]["added_p99_us"] = rt[key]["p99_us"] - base["p99_us"]
     throughput["peers"] = peer_ratios(variants, rt)
     return throughput, {"count": s.round_trips, "variants": rt}
+
+
+def round_trips(
+    s: Settings, made: dict[str, Target], sessions: dict[str, str], errors: dict[str, str]
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """
+    ``s.round_trips`` sequential ``session/set_mode`` per variant, in blocks of
+    ``ROUND_TRIP_BLOCK`` taken in turn (as the throughput runs are interleaved): a busy moment
+    of the machine lands on every variant alike, not on the one measured then.
+    """
+    latencies: dict[str, list[float]] = {}
+    rt_errors: dict[str, str] = {}
+    live = []
+    for key in ROUND_TRIP_VARIANTS:
+        if key in errors:
+            rt_errors[key] = errors[key]
+            continue
+        latencies[key] = []
+        live.append(key)
+    deadline = time.monotonic() + s.timeout
+    warm = min(200, s.round_trips // 4)
+
+    def take(key: str, count: int) -> list[float]:
+        t = made[key]
+        assert t.client is not None
+        try:
+            return t.client.set_mode_latencies(sessions[key], count, deadline)
+        except Exception as exc:
+            rt_errors[key] = failure(exc, t)
+            del latencies[key]
+            live.remove(key)
+            return []
+
+    for key in list(live):
+        take(key, warm)
+    while live:
+        for key in list(live):
+            taken = take(key, min(ROUND_TRIP_BLOCK, s.round_trips - len(latencies[key])))
+            if key in latencies:
+                latencies[key] += taken
+                if len(latencies[key]) >= s.round_trips:
+                    live.remove(key)
+    return latencies, rt_errors
 
 
 def peer_ratios(variants: dict[str, Any], rt: dict[str, Any]) -> dict[str, Any]:
@@ -722,7 +509,7 @@ def scale(s: Settings, scratch: Path) -> dict[str, Any]:
                 }
             )
         except Exception as exc:
-            out["error"] = _failure(exc, t)
+            out["error"] = failure(exc, t)
     return out
 
 
@@ -792,7 +579,7 @@ def memory(s: Settings, scratch: Path) -> dict[str, Any]:
                 "RSS also holds the journal's uncommitted backlog while SQLite catches up"
             )
         except Exception as exc:
-            out["error"] = _failure(exc, t)
+            out["error"] = failure(exc, t)
     return out
 
 
@@ -850,8 +637,8 @@ def startup(s: Settings, scratch: Path) -> dict[str, Any]:
     agent = [sys.executable, "-m", "acp_bridge", "demo-agent"]
     config = where / "bridge.toml"
     config.write_text(
-        f"[agents.demo]\ncommand = {_toml_str(agent[0])}\n"
-        f"args = [{', '.join(_toml_str(a) for a in agent[1:])}]\n"
+        f"[agents.demo]\ncommand = {toml_str(agent[0])}\n"
+        f"args = [{', '.join(toml_str(a) for a in agent[1:])}]\n"
     )
     bridge = [sys.executable, "-m", "acp_bridge", "stdio", "--config", str(config)]
     env = dict(os.environ, XDG_STATE_HOME=str(where / "state"))
@@ -883,344 +670,8 @@ def startup(s: Settings, scratch: Path) -> dict[str, Any]:
         )
     except Exception as exc:
         tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:]) if log.exists() else ""
-        out["error"] = _failure(exc) + (f" [log: {tail[-400:]}]" if tail else "")
+        out["error"] = failure(exc) + (f" [log: {tail[-400:]}]" if tail else "")
     return out
-
-
-# --- targets (from the issue) ----------------------------------------------------------
-
-
-def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
-    th = results["throughput"]["variants"]
-    rt = results["round_trip"]["variants"]
-    sc = results["scale"]
-    mem = results["memory"]
-    rows: list[dict[str, Any]] = []
-
-    def add(name: str, value: Any, met: Callable[[Any], bool], shown: str) -> None:
-        rows.append(
-            {
-                "target": name,
-                "value": value,
-                "shown": shown if value is not None else "n/a",
-                "met": met(value) if value is not None else None,
-            }
-        )
-
-    r = th["stdio"]["ratio_to_direct"]
-    add("stdio throughput >= 0.8x direct", r, lambda v: v >= 0.8, f"{r or 0:.2f}x")
-    ws = "ws" if th["ws"]["ratio_to_direct"] is not None else "ws_queue"
-    r = th[ws]["ratio_to_direct"]
-    name = "WebSocket throughput >= 0.5x direct"
-    if ws == "ws_queue":
-        name += " (client_queue raised)"
-    add(name, r, lambda v: v >= 0.5, f"{r or 0:.2f}x")
-    ok = th["ws"]["error"] is None and th["ws"]["updates_per_s"] is not None
-    add(
-        "WebSocket client kept through a full-speed flood (defaults)",
-        ok,
-        lambda v: bool(v),
-        "kept" if ok else "dropped",
-    )
-    c = results["throughput"]["journal_cost"]
-    add("journal on costs <= 10%", c, lambda v: v <= 0.10, f"{(c or 0) * 100:.1f}%")
-    a = rt["stdio"].get("added_p50_us")
-    add("added round-trip p50 <= 100 us (stdio)", a, lambda v: v <= 100, f"{a or 0:.0f} us")
-    a = rt["stdio"].get("added_p99_us")
-    add("added round-trip p99 <= 500 us (stdio)", a, lambda v: v <= 500, f"{a or 0:.0f} us")
-    p = sc.get("probe", {}).get("p99_us") if isinstance(sc.get("probe"), dict) else None
-    add("scale: probe p99 < 20 ms", p, lambda v: v < 20_000, f"{(p or 0) / 1000:.1f} ms")
-    st = sc.get("starved_sessions")
-    add("scale: no session starved", st, lambda v: v == 0, f"{st} starved")
-    b = mem.get("per_session_bytes")
-    add("<= 20 KiB per idle session", b, lambda v: v <= 20 * 1024, f"{(b or 0) / 1024:.1f} KiB")
-    g = mem.get("growth_first_to_last_bytes")
-    first = (mem.get("rss_settled_after_runs_bytes") or [1])[0]
-    add(
-        "bridge RSS flat across repeated runs (< 5% growth)",
-        g,
-        lambda v: v <= 0.05 * first,
-        f"{(g or 0) / 2**20:+.1f} MiB",
-    )
-    # issue 23
-    o = results["startup"].get("overhead_ms")
-    add("start-up: initialize overhead <= 150 ms", o, lambda v: v <= 150, f"+{o or 0:.0f} ms")
-    d = (results["throughput"].get("peers") or {}).get("supergateway", {})
-    d = d.get("round_trip_p50_diff_us")
-    add(
-        "WebSocket round-trip p50 <= supergateway's",
-        d,
-        lambda v: v <= 0,
-        f"{d or 0:+.0f} us",
-    )
-    return rows
-
-
-# --- output ----------------------------------------------------------------------------
-
-
-def _num(v: float | None, fmt: str = "{:,.0f}") -> str:
-    return "n/a" if v is None else fmt.format(v)
-
-
-def _failed(error: str | None) -> str:
-    """A failure as the table shows it: short (the JSON has all of it)."""
-    text = (error or "unknown error").split(" [log:")[0]
-    for own in ("ConnectionEnded: ", "Timeout: "):  # the client's own, self-explanatory
-        text = text.removeprefix(own)
-    short = text if len(text) <= 130 else text[:127] + "..."
-    return short if text.startswith(NOT_MEASURED) else "FAILED: " + short
-
-
-def _free_text(cell: str) -> bool:
-    """A cell that says why there is no figure: not aligned, not counted in the widths."""
-    return cell.startswith(("FAILED", NOT_MEASURED))
-
-
-def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = [("scenario", "variant", "metric", "value", "vs direct")]
-    th = results["throughput"]
-    for v in th["variants"].values():
-        value = _num(v["updates_per_s"]) if not v["error"] else _failed(v["error"])
-        ratio = _num(v["ratio_to_direct"], "{:.2f}x")
-        rows.append((f"throughput N={th['n']:,}", v["label"], "updates/s", value, ratio))
-    for v in th["variants"].values():
-        if v.get("cpu_us_per_update") is not None:
-            cpu = _num(v["cpu_us_per_update"], "{:.1f}")
-            rows.append(("throughput", v["label"], "CPU us/update", cpu, ""))
-    rows.append(("throughput", "journal on vs off", "cost", _num(th["journal_cost"], "{:.1%}"), ""))
-    for key, c in (th.get("compare") or {}).items():
-        if isinstance(c, dict) and c.get("change") is not None:
-            label = th["variants"][key]["label"]
-            rows.append(("throughput", label, "CPU vs --compare", f"{c['change']:+.1%}", ""))
-    rt = results["round_trip"]
-    rows.extend(peer_rows(th.get("peers") or {}, rt["variants"]))
-    for v in rt["variants"].values():
-        name = f"round trip x{rt['count']:,}"
-        if v.get("error") or "p50_us" not in v:
-            rows.append((name, v["label"], "set_mode", _failed(v.get("error")), ""))
-            continue
-        added50 = v.get("added_p50_us")
-        added99 = v.get("added_p99_us")
-        rows.append(
-            (
-                name,
-                v["label"],
-                "p50 us",
-                _num(v["p50_us"], "{:.0f}"),
-                "" if added50 is None else f"+{added50:.0f} us",
-            )
-        )
-        rows.append(
-            (
-                name,
-                v["label"],
-                "p99 us",
-                _num(v["p99_us"], "{:.0f}"),
-                "" if added99 is None else f"+{added99:.0f} us",
-            )
-        )
-    sc = results["scale"]
-    name = f"scale {sc['agents']}x{sc['sessions_per_agent']} sessions"
-    if sc.get("error"):
-        rows.append((name, "bridge stdio", "", _failed(sc["error"]), ""))
-    else:
-        rows.append(
-            (name, "bridge stdio", "aggregate updates/s", _num(sc["aggregate_updates_per_s"]), "")
-        )
-        rows.append(
-            (
-                name,
-                "probe set_mode",
-                "p50 / p99 ms",
-                f"{sc['probe']['p50_us'] / 1000:.2f} / {sc['probe']['p99_us'] / 1000:.2f}",
-                f"{sc['probe']['count']} probes",
-            )
-        )
-        rows.append(
-            (
-                name,
-                "sessions",
-                "finish min/med/max s",
-                f"{sc['finish_min_s']:.2f} / {sc['finish_median_s']:.2f} / "
-                f"{sc['finish_max_s']:.2f}",
-                f"{sc['starved_sessions']} starved",
-            )
-        )
-        rows.append(
-            (name, "sessions", "first update, last s", f"{sc['first_update_max_s']:.2f}", "")
-        )
-    rss = th.get("stdio_rss_after_runs_bytes") or []
-    if len(rss) > 1:
-        rows.append(
-            (
-                "memory",
-                f"stdio after {len(rss)} runs of {th['n']:,}",
-                "RSS MiB",
-                " / ".join(f"{b / 2**20:.1f}" for b in rss),
-                "",
-            )
-        )
-    mem = results["memory"]
-    name = "memory"
-    if "per_session_bytes" in mem:
-        rows.append(
-            (
-                name,
-                "bridge stdio",
-                "RSS, 0 sessions MiB",
-                f"{mem['rss_0_sessions_bytes'] / 2**20:.1f}",
-                "",
-            )
-        )
-        rows.append(
-            (
-                name,
-                f"{mem['idle_sessions']:,} idle sessions",
-                "bytes/session",
-                _num(mem["per_session_bytes"]),
-                "",
-            )
-        )
-    if "rss_after_runs_bytes" in mem:
-        rows.append(
-            (
-                name,
-                f"after {mem['flat_runs']} floods of {mem['n']:,}",
-                "RSS MiB",
-                " / ".join(f"{b / 2**20:.1f}" for b in mem["rss_after_runs_bytes"]),
-                "at once",
-            )
-        )
-    if "rss_settled_after_runs_bytes" in mem:
-        rows.append(
-            (
-                name,
-                f"after {mem['flat_runs']} floods of {mem['n']:,}",
-                "RSS MiB",
-                " / ".join(f"{b / 2**20:.1f}" for b in mem["rss_settled_after_runs_bytes"]),
-                f"{mem['settle_s']:g} s later",
-            )
-        )
-    if mem.get("error"):
-        rows.append((name, "bridge stdio", "", _failed(mem["error"]), ""))
-    fan = results.get("fanout") or {}
-    name = f"fan-out {fan.get('children')} x {fan.get('chunks_per_child', 0):,}"
-    if fan.get("error"):
-        rows.append((name, "bridge stdio", "", _failed(fan["error"]), ""))
-    elif fan:
-        rows.append(
-            (name, "sub-agents' updates", "updates/s", _num(fan["aggregate_updates_per_s"]), "")
-        )
-        for q in ("p50", "p99"):
-            value = _num(fan["latency"][f"{q}_us"] / 1000, "{:.1f}")
-            rows.append((name, "update latency", f"{q} ms", value, "write to read"))
-    rows.extend(startup_rows(results["startup"]))
-    return rows
-
-
-def peer_rows(peer: dict[str, Any], rt: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The bridge / each peer: updates/s, CPU per update, round trip p50 and p99."""
-    rows: list[tuple[str, ...]] = []
-    for p in peer.values():
-        peer_name = p["peer_label"].split(",")[0]
-        if p["error"]:
-            rows.append(("vs peer", f"bridge / {peer_name}", "", _failed(p["error"]), ""))
-            continue
-        pair = f"{p['bridge_label']} / {peer_name}"
-        ratio = _num(p["throughput_ratio"], "{:.2f}x")
-        rows.append(("vs peer", pair, "updates/s ratio", ratio, ""))
-        rows.append(("vs peer", pair, "CPU us/update ratio", _num(p["cpu_ratio"], "{:.2f}x"), ""))
-        pair = f"{rt[p['round_trip_bridge']]['label']} / {peer_name}"
-        for q in ("p50", "p99"):
-            diff = p[f"round_trip_{q}_diff_us"]
-            rows.append(
-                (
-                    "vs peer",
-                    pair,
-                    f"round trip {q} ratio",
-                    _num(p[f"round_trip_{q}_ratio"], "{:.2f}x"),
-                    "" if diff is None else f"{diff:+.0f} us",
-                )
-            )
-    return rows
-
-
-def startup_rows(st: dict[str, Any]) -> list[tuple[str, ...]]:
-    name = f"start-up x{st.get('runs', 0)}"
-    if st.get("error"):
-        return [(name, "initialize", "", _failed(st["error"]), "")]
-    return [
-        (name, "demo agent alone", "initialize ms, median", f"{st['agent_ms']:.0f}", ""),
-        (
-            name,
-            "bridge stdio + demo agent",
-            "initialize ms, median",
-            f"{st['bridge_ms']:.0f}",
-            f"+{st['overhead_ms']:.0f} ms",
-        ),
-    ]
-
-
-def render_table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows if not _free_text(r[i])) for i in range(5)]
-    lines = []
-    for i, row in enumerate(rows):
-        cells = [
-            row[0].ljust(widths[0]),
-            row[1].ljust(widths[1]),
-            row[2].ljust(widths[2]),
-            row[3].rjust(widths[3]) if not _free_text(row[3]) else row[3],
-            row[4].rjust(widths[4]),
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def render_targets(rows: list[dict[str, Any]]) -> str:
-    width = max(len(r["target"]) for r in rows)
-    out = []
-    for r in rows:
-        status = {True: "met", False: "NOT MET", None: "not measured"}[r["met"]]
-        out.append(f"{r['target'].ljust(width)}  {r['shown']:>12}  {status}")
-    return "\n".join(out)
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "load_average_at_start": os.getloadavg(),
-    }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        mem = Path("/proc/meminfo").read_text().splitlines()[0]
-        info["memory_bytes"] = int(mem.split()[1]) * 1024
-    with contextlib.suppress(ImportError):
-        from acp_bridge import __version__
-
-        info["acp_bridge"] = __version__
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        rev = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        if rev.returncode == 0:
-            info["git"] = rev.stdout.strip()
-    return info
 
 
 # --- main ------------------------------------------------------------------------------
@@ -1347,7 +798,7 @@ def run(s: Settings) -> dict[str, Any]:
                 value = step()
             except Exception as exc:  # a bug in the benchmark itself: report, go on
                 traceback.print_exc()
-                value = {"error": _failure(exc)}
+                value = {"error": failure(exc)}
             if name == "throughput":
                 if isinstance(value, tuple):
                     results["throughput"], results["round_trip"] = value
@@ -1370,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n\nTargets (issues 7 and 23):\n" + render_targets(results["targets"])
     except Exception as exc:  # a scenario failed so badly its section is missing
         traceback.print_exc()
-        results.setdefault("errors", []).append(_failure(exc))
+        results.setdefault("errors", []).append(failure(exc))
     m = results["machine"]
     print(
         f"acp-bridge benchmark{' (quick)' if s.quick else ''}: {m['cpu_count']} CPUs, "

@@ -391,16 +391,16 @@ class SoakClient:
         else:
             text = f"count {rng.randint(1, 60)}"
         params = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
-        reply: dict[str, Any] | None = None
+        answer: dict[str, Any] | None = None
         async with trio.open_nursery() as nursery:
             if text.startswith("count") and rng.random() < 0.2:
                 nursery.start_soon(self._cancel_later, sid, rng.uniform(0, 0.2))
             with contextlib.suppress(Dropped):
-                reply = await self.request("session/prompt", params)
+                answer = await self.request("session/prompt", params)
             nursery.cancel_scope.cancel()
-        if reply is None:
+        if answer is None:
             raise Dropped("session/prompt")
-        self._count_reply("prompt", reply)
+        self._count_reply("prompt", answer)
         return sid
 
     async def _cancel_later(self, sid: str, delay: float) -> None:

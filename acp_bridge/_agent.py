@@ -183,7 +183,7 @@ class _Watched(trio.abc.ReceiveStream):
     """
     An agent's pipe whose reader's end of data is known (``ended``: EOF, broken, closed).
 
-    Reads do not yield when data is waiting (:mod:`acp_bridge._pipes`): its reader yields.
+    Reads yield once, after taking what was waiting (:func:`acp_bridge._pipes.receive_some`).
     """
 
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:

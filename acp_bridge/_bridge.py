@@ -471,8 +471,6 @@ async def serve_client_stream(
                 while data := await pipes.receive_some(receive, READ_CHUNK):
                     for line in decoder.feed(data):
                         await handle(client, line)
-                    # (A read of a pipe with data waiting does not yield: this one does.)
-                    await trio.lowlevel.cancel_shielded_checkpoint()
                 rest = decoder.feed_eof()
                 if rest is not None:
                     await handle(client, rest)

@@ -92,7 +92,6 @@ class Relay:
                 marker, block = decoder.feed_block(data)
                 if marker is not None:
                     await handle(agent, marker)
-                yielded = False  # (just now, after the last line)
                 if block:
                     self._busy_readers += 1
                     try:
@@ -124,8 +123,7 @@ class Relay:
                                 else:
                                     await handle(agent, Oversize(segment[1]))
                                 turn -= 1
-                            yielded = turn <= 0
-                            if yielded:
+                            if turn <= 0:
                                 # One read can hold hundreds of lines: let the others in
                                 # (no line of the read is dropped on cancellation).
                                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -139,10 +137,9 @@ class Relay:
                         f"it is writing a line over max_line_bytes ({cap}): "
                         f"{decoder.discarding} bytes so far"
                     )
-                if not yielded:
-                    # (A read of a pipe with data waiting does not yield: this one does, so
-                    # an agent that never stops writing never holds the others up.)
-                    await trio.lowlevel.cancel_shielded_checkpoint()
+                # (No turn to give here: the next read gives it, as every stream's read
+                # yields, even a pipe's with data waiting: an agent that never stops writing
+                # never holds the others up.)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:

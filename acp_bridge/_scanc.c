@@ -624,10 +624,13 @@ elide_into(ptr data, Py_ssize_t n, unsigned char *out)
     ptr p = data, end = data + n, prev = data;
     Py_ssize_t at = 0, prev_len = 0;
     while (p < end) {
-        ptr nl = memchr(p, '\n', end - p);
+        /* (compared up to the end of the data: the line before holds no newline, so the
+         * prefix stops at this line's newline at the latest; the newline is searched for
+         * after it, each byte read once) */
+        Py_ssize_t shared = common_prefix(prev, prev_len, p, end - p);
+        ptr nl = memchr(p + shared, '\n', end - p - shared);
         ptr content_end = nl != NULL ? nl : end, stop = nl != NULL ? nl + 1 : end;
         Py_ssize_t len = content_end - p;
-        Py_ssize_t shared = common_prefix(prev, prev_len, p, len);
         Py_ssize_t rest = (stop - p) - shared;
         /* (the output must end below n: each record adds at least one byte) */
         if (at + varint_size(shared) + rest >= n)

@@ -14,6 +14,9 @@
  * a backslash in a key of those three objects or in a value read, a duplicate of a member
  * read, an integer part over 100 digits, an exponent over 4 digits or one that could reach
  * 10^300 (the reference refuses numbers beyond a double, and big integers beyond 4300 digits).
+ *
+ * Also here (one extension to build): the journal's run codec, elide() and restore(), at the
+ * end of the file; acp_bridge/_elide.py is their definition.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -575,15 +578,195 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * A journal run with each line's prefix shared with the line before elided: elide() and
+ * restore(). acp_bridge/_elide.py is the definition (elide_reference, restore_reference) and
+ * says what the format is; these are the same, held equal to it by tests/test_elide.py.
+ */
+
+#define MAX_VARINT 9
+
+/* the length of the common prefix of a[0:an] and b[0:bn] */
+static inline Py_ssize_t
+common_prefix(ptr a, Py_ssize_t an, ptr b, Py_ssize_t bn)
+{
+    Py_ssize_t m = an < bn ? an : bn, i = 0;
+    while (m - i >= 8) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        if (x != y)
+            break;
+        i += 8;
+    }
+    while (i < m && a[i] == b[i])
+        i++;
+    return i;
+}
+
+static inline Py_ssize_t
+varint_size(Py_ssize_t v)
+{
+    Py_ssize_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* data[0:n] elided into out (room for n bytes): the size written, or -1 when it would not be
+ * smaller than n */
+static Py_ssize_t
+elide_into(ptr data, Py_ssize_t n, unsigned char *out)
+{
+    ptr p = data, end = data + n, prev = data;
+    Py_ssize_t at = 0, prev_len = 0;
+    while (p < end) {
+        /* (compared up to the end of the data: the line before holds no newline, so the
+         * prefix stops at this line's newline at the latest; the newline is searched for
+         * after it, each byte read once) */
+        Py_ssize_t shared = common_prefix(prev, prev_len, p, end - p);
+        ptr nl = memchr(p + shared, '\n', end - p - shared);
+        ptr content_end = nl != NULL ? nl : end, stop = nl != NULL ? nl + 1 : end;
+        Py_ssize_t len = content_end - p;
+        Py_ssize_t rest = (stop - p) - shared;
+        /* (the output must end below n: each record adds at least one byte) */
+        if (at + varint_size(shared) + rest >= n)
+            return -1;
+        Py_ssize_t v = shared;
+        while (v >= 0x80) {
+            out[at++] = (unsigned char)((v & 0x7F) | 0x80);
+            v >>= 7;
+        }
+        out[at++] = (unsigned char)v;
+        memcpy(out + at, p + shared, rest);
+        at += rest;
+        prev = p;
+        prev_len = len;
+        p = stop;
+    }
+    return at < n ? at : -1;
+}
+
+static PyObject *
+elide(PyObject *self, PyObject *arg)
+{
+    Py_buffer buf;
+    (void)self;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = NULL;
+    if (buf.len > 0)
+        out = PyBytes_FromStringAndSize(NULL, buf.len);
+    if (buf.len > 0 && out == NULL) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    Py_ssize_t size = -1;
+    if (out != NULL) {
+        /* (with the GIL held: a run of 64 KiB takes a few microseconds, and letting the GIL
+         * go for them cost the writer a context switch to take it back, as much CPU as the
+         * bytes saved) */
+        size = elide_into(buf.buf, buf.len, (unsigned char *)PyBytes_AS_STRING(out));
+    }
+    PyBuffer_Release(&buf);
+    if (size < 0) {
+        Py_XDECREF(out);
+        Py_RETURN_NONE;
+    }
+    if (_PyBytes_Resize(&out, size) < 0)
+        return NULL;
+    return out;
+}
+
+/* blob[0:n] restored into out[0:size]: NULL, or what is wrong with the blob */
+static const char *
+restore_into(ptr blob, Py_ssize_t n, unsigned char *out, Py_ssize_t size)
+{
+    ptr p = blob, end = blob + n;
+    const unsigned char *prev = out;
+    Py_ssize_t at = 0, prev_len = 0;
+    while (p < end) {
+        uint64_t shared = 0;
+        int count = 0;
+        for (;;) {
+            if (count == MAX_VARINT)
+                return "a prefix length of more than 9 bytes";
+            if (p >= end)
+                return "a record cut short in its prefix length";
+            unsigned char byte = *p++;
+            shared |= (uint64_t)(byte & 0x7F) << (7 * count);
+            count++;
+            if (!(byte & 0x80)) {
+                if (byte == 0 && count > 1)
+                    return "a prefix length not minimal";
+                break;
+            }
+        }
+        if (shared > (uint64_t)prev_len)
+            return "a prefix longer than the line before";
+        Py_ssize_t s = (Py_ssize_t)shared;
+        ptr nl = memchr(p, '\n', end - p);
+        ptr content_end = nl != NULL ? nl : end, stop = nl != NULL ? nl + 1 : end;
+        Py_ssize_t rest = stop - p, content = content_end - p;
+        if (s < prev_len && content > 0 && p[0] == prev[s])
+            return "a shared prefix not whole";
+        if (nl == NULL && s + rest == 0)
+            return "an empty last line";
+        if (s + rest > size - at)
+            return "more bytes than the index says";
+        /* (the line before ends before `at`: the copies do not overlap) */
+        memcpy(out + at, prev, s);
+        memcpy(out + at + s, p, rest);
+        prev = out + at;
+        prev_len = s + content;
+        at += s + rest;
+        p = stop;
+    }
+    return at == size ? NULL : "fewer bytes than the index says";
+}
+
+static PyObject *
+restore(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t size;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*n:restore", &buf, &size))
+        return NULL;
+    if (size < 0) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "a negative size");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    const char *error = restore_into(buf.buf, buf.len, (unsigned char *)PyBytes_AS_STRING(out), size);
+    PyBuffer_Release(&buf);
+    if (error != NULL) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(block, max_line, setup_kinds[, max_run]) -> segments; see acp_bridge._scan"},
+    {"elide", elide, METH_O, "elide(data) -> bytes or None; see acp_bridge._elide"},
+    {"restore", restore, METH_VARARGS, "restore(blob, size) -> bytes; see acp_bridge._elide"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "acp_bridge._scanc",
-    "The C line scanner; acp_bridge._scan is its definition and its interface.", -1, methods,
+    "The C line scanner and journal run codec; acp_bridge._scan and acp_bridge._elide are "
+    "their definitions and interfaces.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

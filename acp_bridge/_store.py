@@ -18,11 +18,15 @@ import time
 from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar
 
 import attrs
+import structlog
 
+from acp_bridge import _elide
 from acp_bridge._segments import Segments
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
+
+logger = structlog.get_logger("acp_bridge.store")
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -150,6 +154,13 @@ MIGRATIONS: Final[Sequence[str]] = (
     ALTER TABLE journal ADD COLUMN position INTEGER;
     ALTER TABLE journal ADD COLUMN length INTEGER;
     CREATE INDEX journal_segment ON journal (segment) WHERE segment IS NOT NULL;
+    """,
+    # A run in a segment may be stored with each line's prefix shared with the line before
+    # elided (``_elide``; ``length`` is then the stored bytes'): ``raw_length`` is its length
+    # once restored. NULL: the bytes as they are (every row written before, and a run that
+    # eliding would not make smaller).
+    """
+    ALTER TABLE journal ADD COLUMN raw_length INTEGER;
     """,
 )
 
@@ -303,18 +314,29 @@ class Store:
         """
         rows = [(e.session, e.seq, e.seq, int(e.live), e.time, e.data) for e in journal]
         rows += journal_runs
-        index: list[tuple[str, int, int, int, float, bytes, int | None, int | None, int]] = []
+        index: list[
+            tuple[str, int, int, int, float, bytes, int | None, int | None, int, int | None]
+        ] = []
         dead: dict[int, int] = {}  # (segment: bytes of the rows the transaction removes)
         if rows and self.segments is not None:
-            segment, start = self.segments.append([row[5] for row in rows])
+            # Each run's lines with the prefix shared with the line before elided, here in the
+            # writer's thread: a third of a flood's bytes to write (None: not smaller, as is).
+            elided = [_elide.elide(row[5]) for row in rows]
+            blobs = [row[5] if e is None else e for row, e in zip(rows, elided, strict=True)]
+            segment, start = self.segments.append(blobs)
             position = start
-            for session, first, last, live, stamp, data in rows:
-                index.append((session, first, last, live, stamp, b"", segment, position, len(data)))
-                position += len(data)
+            for (session, first, last, live, stamp, data), blob, e in zip(
+                rows, blobs, elided, strict=True
+            ):
+                raw = None if e is None else len(data)
+                index.append(
+                    (session, first, last, live, stamp, b"", segment, position, len(blob), raw)
+                )
+                position += len(blob)
             dead[segment] = start - position  # (negative: bytes added)
             self._compaction.appended += position - start
         else:
-            index = [(*row, None, None, len(row[5])) for row in rows]
+            index = [(*row, None, None, len(row[5]), None) for row in rows]
         with self._conn as conn:
             for old, new in renamed:
                 self._compaction.removing(dead, "WHERE session = ?", (new,))
@@ -349,7 +371,9 @@ class Store:
                 ],
             )
             if index:
-                conn.executemany("INSERT OR REPLACE INTO journal VALUES (?,?,?,?,?,?,?,?,?)", index)
+                conn.executemany(
+                    "INSERT OR REPLACE INTO journal VALUES (?,?,?,?,?,?,?,?,?,?)", index
+                )
             conn.executemany(
                 "INSERT OR REPLACE INTO pending_approvals VALUES (?,?,?,?,?)",
                 [
@@ -391,8 +415,8 @@ class Store:
         self, session: str, *, after_seq: int = 0, live_only: bool = False, limit: int = 10**9
     ) -> list[JournalEntry]:
         query = (
-            "SELECT first_seq, last_seq, live, time, data, segment, position, length "
-            "FROM journal WHERE session = ? AND last_seq > ?"
+            "SELECT first_seq, last_seq, live, time, data, segment, position, length, "
+            "raw_length FROM journal WHERE session = ? AND last_seq > ?"
         )
         if live_only:
             query += " AND live = 1"
@@ -402,7 +426,7 @@ class Store:
         with contextlib.ExitStack() as stack:
             while True:
                 cursor = self._conn.execute(query + " ORDER BY first_seq", (session, start))
-                for first, last, live, stamp, data, segment, position, length in cursor:
+                for first, last, live, stamp, data, segment, position, length, raw in cursor:
                     if segment is not None:
                         if self.segments is None:
                             raise StoreError(f"{self.path}: a journal row in a segment file")
@@ -419,6 +443,10 @@ class Store:
                             break
                         if data is None:  # (gone in the new snapshot too: trimmed)
                             continue
+                        if raw is not None:
+                            data = self._restore(session, first, segment, position, data, raw)
+                            if data is None:  # (corrupt: skipped as a run whose bytes went)
+                                continue
                     lines = [bytes(data)] if first == last else _lines(bytes(data))
                     for seq, line in enumerate(lines, first):
                         if seq > after_seq:
@@ -428,6 +456,23 @@ class Store:
                 else:
                     return out
                 cursor.close()
+
+    def _restore(
+        self, session: str, first: int, segment: int, position: int, blob: bytes, size: int
+    ) -> bytes | None:
+        """A run stored elided, restored; None (logged) when its bytes are not a valid one."""
+        try:
+            return _elide.restore(blob, size)
+        except ValueError as exc:
+            logger.error(
+                "journal_run_corrupt",
+                session=session,
+                first_seq=first,
+                file=self.segments.path(segment) if self.segments else None,
+                position=position,
+                reason=str(exc),
+            )
+            return None
 
     @_serialized
     def journal_bounds(self, session: str) -> tuple[int, int]:

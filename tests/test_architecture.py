@@ -25,6 +25,7 @@ PURE: tuple[str, ...] = (
     "_framing",
     "_jsonrpc",
     "_scan",
+    "_elide",
     "_routing",
     "_policy",
     "_containment",

@@ -8,8 +8,10 @@ import os
 import sqlite3
 
 import pytest
+import structlog
+import trio
 
-from acp_bridge import _segments, _store
+from acp_bridge import _elide, _segments, _store
 from acp_bridge._journal import Journal
 from acp_bridge._segments import Segments
 from acp_bridge._store import JournalEntry, SessionRow, open_store
@@ -365,14 +367,16 @@ def test_compaction_never_copies_out_of_the_segment_appended_to(tmp_path):
     writer goes on appending to it, and the copies go there (or to the next one)."""
     _, store = small_segments(tmp_path)
     expected: list = []
-    pin_and_flood(store, range(1, 9), expected)  # segments 1-2 full, 3 being written
-    store.write(deleted=["flood8"])
+    # (about 320 bytes a commit, the floods' lines stored elided) segments 1-2 full, 3 being
+    # written
+    pin_and_flood(store, range(1, 10), expected)
+    store.write(deleted=["flood9"])
     assert store.segments.numbers() == [1, 2, 3]
     assert store.segments.sealed() == [1, 2]
     store.trim_journal(keep_entries=1000, sessions=[])
     assert store.segments.numbers() == [3]  # (3: all but a few bytes dead, kept)
     assert {segment for _, _, segment, *_ in index(store)} == {3}
-    pin_and_flood(store, range(9, 10), expected)
+    pin_and_flood(store, range(10, 11), expected)
     assert index(store)[-1][2] == 3  # (appended to it still)
     with pytest.raises(AssertionError):
         store.segments.remove(3)
@@ -410,3 +414,172 @@ def test_a_reader_in_another_process_finds_the_rows_compaction_moved(tmp_path, m
     assert 1 not in daemon.segments.numbers()
     export.close()
     daemon.close()
+
+
+# --------------------------------------------------------------------------- runs stored elided
+
+
+def updates(first: int, count: int, sid: str = "sess_0123456789abcdef") -> bytes:
+    """``count`` message chunks of one session, as an agent streams them (one line each)."""
+    return b"".join(
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"%s","update":'
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"chunk %d"}}}}\n'
+        % (sid.encode(), seq)
+        for seq in range(first, first + count)
+    )
+
+
+def lines_of(data: bytes, first: int) -> list[tuple[int, bytes]]:
+    return list(enumerate(data.splitlines(keepends=True), first))
+
+
+def stored(store) -> list[tuple]:
+    return store._conn.execute(
+        "SELECT session, first_seq, length, raw_length FROM journal ORDER BY segment, position"
+    ).fetchall()
+
+
+needs_c = pytest.mark.skipif(
+    _elide.elide_c is None or not _elide.ACCELERATED,
+    reason="acp_bridge._scanc is not built (or ACP_BRIDGE_PURE_SCAN=1): runs are stored as is",
+)
+
+
+@needs_c
+def test_a_run_of_updates_is_stored_with_shared_prefixes_elided_and_reads_back(tmp_path):
+    """A session's updates share their envelope: the run takes about a third of its bytes in
+    the segment; a run eliding does not make smaller is stored as it is (raw_length NULL)."""
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    data = updates(1, 200)
+    store.write(journal_runs=[("s1", 1, 200, 1, 1.0, data), ("s1", 201, 201, 0, 1.0, b"hi\n")])
+    (_, _, length, raw), small = stored(store)
+    assert raw == len(data)
+    assert length * 3 < len(data)
+    assert small == ("s1", 201, 3, None)
+    assert os.stat(store.segments.path(1)).st_size == length + 3
+    expected = [*lines_of(data, 1), (201, b"hi\n")]
+    assert seqs(store, "s1") == expected
+    assert [e.seq for e in store.journal("s1", after_seq=150, limit=3)] == [151, 152, 153]
+    assert [e.live for e in store.journal("s1", after_seq=199)] == [True, False]
+    store.close()
+    store = open_store(path)
+    assert seqs(store, "s1") == expected
+    assert store.trim_journal(keep_entries=1) == 200  # (retention: whole runs, as before)
+    assert seqs(store, "s1") == [(201, b"hi\n")]
+    store.close()
+
+
+@needs_c
+def test_the_journal_writes_a_flood_elided(tmp_path):
+    """Through the journal's writer: the segment holds about a third of the flood's bytes,
+    and every update reads back as relayed."""
+    store = open_store(str(tmp_path / "b.db"))
+    journal = Journal(store)
+    h = history()
+    data = updates(1, 3000)
+    for line in data.splitlines(keepends=True):
+        record(journal, "s1", h, line)
+    trio.run(journal._commit)
+    assert sum(store.segments.size(n) for n in store.segments.numbers()) * 3 < len(data)
+    assert seqs(store, "s1") == lines_of(data, 1)
+    store.close()
+
+
+@needs_c
+def test_compaction_copies_elided_runs_as_they_are(tmp_path):
+    path, store = small_segments(tmp_path)
+    kept = []
+    for i in range(1, 8):
+        data = updates(10 * i, 10, sid="keep")
+        kept += lines_of(data, 10 * i)
+        store.write(
+            journal_runs=[
+                ("keep", 10 * i, 10 * i + 9, 1, 1.0, data),
+                run(f"flood{i}", 1, 100, b"F"),
+            ],
+            deleted=[f"flood{i - 1}"],
+        )
+    before = {first: (length, raw) for s, first, length, raw in stored(store) if s == "keep"}
+    assert len(before) == 7
+    assert all(raw is not None for _, raw in before.values())  # (every run of "keep" elided)
+    store.trim_journal(keep_entries=1000, sessions=[])
+    assert len(store.segments.numbers()) < 3  # (the sealed ones compacted)
+    after = {first: (length, raw) for s, first, length, raw in stored(store) if s == "keep"}
+    assert after == before
+    assert seqs(store, "keep") == kept
+    store.close()
+    store = open_store(path)
+    assert seqs(store, "keep") == kept
+    store.close()
+
+
+@needs_c
+def test_a_corrupt_elided_run_is_skipped_as_a_bad_read_and_logged(tmp_path):
+    """A run whose stored bytes are not a valid elided run (a disk's error, an edit) is left
+    out of the read as a run whose bytes went is, with an error in the log: the runs around
+    it read as written, a replay then says it is not complete (a gap in the numbers)."""
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    first, second, third = updates(1, 50), updates(51, 50), updates(101, 50)
+    store.write(journal_runs=[("s1", 1, 50, 1, 1.0, first), ("s1", 51, 100, 1, 1.0, second)])
+    store.write(journal_runs=[("s1", 101, 150, 1, 1.0, third)])
+    (_, _, length, _), (_, _, second_length, _), _ = stored(store)
+    with open(store.segments.path(1), "r+b") as f:
+        for at, byte in ((length, 0x05), (length + second_length - 3, 0x0A)):
+            f.seek(at)
+            f.write(bytes([byte]))  # (a first prefix length past the empty line before; a
+            # newline more near the end: each on its own makes the run invalid)
+    with structlog.testing.capture_logs() as logs:
+        entries = store.journal("s1")
+    assert [(e.seq, e.data) for e in entries] == lines_of(first, 1) + lines_of(third, 101)
+    corrupt = [log for log in logs if log["event"] == "journal_run_corrupt"]
+    assert [(log["first_seq"], log["position"]) for log in corrupt] == [(51, length)]
+    assert "longer than the line before" in corrupt[0]["reason"]
+    store.close()
+
+
+@needs_c
+def test_elided_runs_read_with_the_reference_and_a_store_without_c_writes_them_as_is(
+    tmp_path, monkeypatch
+):
+    path = str(tmp_path / "b.db")
+    store = open_store(path)
+    data = updates(1, 100)
+    store.write(journal_runs=[("s1", 1, 100, 1, 1.0, data)])
+    monkeypatch.setattr(_elide, "restore", _elide.restore_reference)
+    monkeypatch.setattr(_elide, "elide", _elide._elide_nothing)
+    assert seqs(store, "s1") == lines_of(data, 1)
+    more = updates(101, 100)
+    store.write(journal_runs=[("s1", 101, 200, 1, 1.0, more)])
+    assert stored(store)[-1] == ("s1", 101, len(more), None)
+    assert seqs(store, "s1") == lines_of(data + more, 1)
+    store.close()
+
+
+def test_runs_in_segments_of_a_store_before_elision_read_after_the_migration(tmp_path):
+    """A store of schema 7 (runs in segments, stored as they are): opened by this version,
+    its rows read as before (raw_length NULL), beside new ones, and retention goes on."""
+    path = str(tmp_path / "v7.db")
+    conn = sqlite3.connect(path)
+    for number, script in enumerate(_store.MIGRATIONS[:7], start=1):
+        conn.executescript(f"BEGIN;{script};PRAGMA user_version={number};COMMIT;")
+    old = updates(1, 100)
+    segments = Segments(path + ".journal")
+    assert segments.append([old]) == (1, 0)
+    segments.close()
+    conn.execute(
+        "INSERT INTO journal VALUES (?,?,?,?,?,?,?,?,?)",
+        ("s1", 1, 100, 1, 1.0, b"", 1, 0, len(old)),
+    )
+    conn.commit()
+    conn.close()
+    store = open_store(path)
+    assert store._conn.execute("PRAGMA user_version").fetchone() == (len(_store.MIGRATIONS),)
+    assert stored(store) == [("s1", 1, len(old), None)]
+    new = updates(101, 100)
+    store.write(journal_runs=[("s1", 101, 200, 1, 1.0, new)])
+    assert seqs(store, "s1") == lines_of(old + new, 1)
+    assert store.trim_journal(keep_entries=100) == 100
+    assert seqs(store, "s1") == lines_of(new, 101)
+    store.close()

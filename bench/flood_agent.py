@@ -4,8 +4,9 @@ A minimal ACP v1 agent that floods: stdlib only, synchronous, no SDK.
 - ``initialize`` → protocol 1, no optional capabilities;
 - ``session/new`` → ``{PREFIX}s{n}`` (``--prefix`` lets several agents use distinct ids, or
   the same ids on purpose to make the bridge rewrite them);
-- ``session/prompt`` whose text is ``flood N`` → N ``agent_message_chunk`` updates, then
-  ``end_turn`` (any other text: no update);
+- ``session/prompt`` whose text is ``flood N`` → N ``agent_message_chunk`` updates (their
+  texts cycling through ``CHUNK_POOL`` varied ones), then ``end_turn`` (any other text: no
+  update);
 - ``session/set_mode`` → ``{}`` at once; ``session/cancel`` ends the session's turn.
 
 With ``--stamp`` each chunk's text is the ``time.monotonic()`` of its write (one clock for
@@ -29,7 +30,35 @@ import sys
 import time
 from collections import deque
 
-CHUNK_TEXT = "x" * 20
+#: A turn's chunks cycle through this many distinct texts (words of a small vocabulary,
+#: 20 characters on average, as an agent's streamed text): what the bridge relays, records
+#: and elides is not the same line over and over, which would flatter every compression.
+CHUNK_POOL = 509
+_TEXT = (
+    "the fix is in the relay so each read of the pipe is scanned once and a run of "
+    "updates of one session goes to the client in one write while the journal keeps "
+    "what was sent with the index in sqlite and the bytes in segment files"
+)
+_WORDS = _TEXT.split(" ")
+
+
+def chunk_texts(count: int) -> list[str]:
+    """``count`` chunk texts, deterministic and nearly all distinct (8 to 34 characters)."""
+    texts = []
+    state = 12345
+    for _ in range(count):
+        words = []
+        while True:
+            state = (state * 1103515245 + 12345) % 2**31
+            words.append(_WORDS[state % len(_WORDS)])
+            size = sum(map(len, words)) + len(words)
+            if size >= 8 + state % 25:
+                break
+        texts.append(" " + " ".join(words))
+    return texts
+
+
+_TEXTS = chunk_texts(CHUNK_POOL)
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -45,7 +74,7 @@ def _error(req_id: object, code: int, message: str) -> bytes:
     return _line({"jsonrpc": "2.0", "id": req_id, "error": {"code": code, "message": message}})
 
 
-def chunk_line(session_id: str, text: str = CHUNK_TEXT) -> bytes:
+def chunk_line(session_id: str, text: str) -> bytes:
     """One ``agent_message_chunk`` update, as the agent writes it (newline included)."""
     return _line(
         {
@@ -65,13 +94,30 @@ def chunk_line(session_id: str, text: str = CHUNK_TEXT) -> bytes:
 class Turn:
     """A prompt turn under way: ``remaining`` updates still to write."""
 
-    __slots__ = ("line", "remaining", "req_id", "session_id")
+    __slots__ = ("ends", "next", "pool", "remaining", "req_id", "session_id")
 
     def __init__(self, session_id: str, req_id: object, remaining: int) -> None:
         self.session_id = session_id
         self.req_id = req_id
         self.remaining = remaining
-        self.line = chunk_line(session_id)
+        lines = [chunk_line(session_id, text) for text in _TEXTS]
+        #: the pool's lines in one block; where each line ends in it; the next line's index
+        self.pool = b"".join(lines)
+        self.ends = [0]
+        for line in lines:
+            self.ends.append(self.ends[-1] + len(line))
+        self.next = 0
+
+    def take(self, k: int) -> bytes:
+        """The next ``k`` chunk lines of the turn (the pool, cycled)."""
+        start = self.next
+        whole, rest = divmod(start + k, CHUNK_POOL)
+        self.next = rest
+        ends = self.ends
+        if whole == 0:
+            return self.pool[ends[start] : ends[rest]]
+        cycles = self.pool * (whole - 1) if whole > 1 else b""
+        return self.pool[ends[start] :] + cycles + self.pool[: ends[rest]]
 
 
 def _flood_count(params: dict[str, object]) -> int:
@@ -152,10 +198,10 @@ class FloodAgent:
                 out.append(_result(turn.req_id, {"stopReason": "cancelled"}))
                 continue
             k = min(turn.remaining, self.batch)
-            line = (
-                chunk_line(turn.session_id, f"{time.monotonic():.6f}") if self.stamp else turn.line
-            )
-            out.append(line * k)
+            if self.stamp:
+                out.append(chunk_line(turn.session_id, f"{time.monotonic():.6f}") * k)
+            else:
+                out.append(turn.take(k))
             turn.remaining -= k
             if turn.remaining:
                 self.turns.append(turn)

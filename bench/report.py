@@ -74,7 +74,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     )
     # issue 23
     o = results["startup"].get("overhead_ms")
-    add("start-up: initialize overhead <= 150 ms", o, lambda v: v <= 150, f"+{o or 0:.0f} ms")
+    add("start-up: initialize overhead <= 150 ms", o, lambda v: v <= 150, f"{o or 0:+.0f} ms")
     d = (results["throughput"].get("peers") or {}).get("supergateway", {})
     d = d.get("round_trip_p50_diff_us")
     add(
@@ -138,7 +138,7 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
                 v["label"],
                 "p50 us",
                 _num(v["p50_us"], "{:.0f}"),
-                "" if added50 is None else f"+{added50:.0f} us",
+                "" if added50 is None else f"{added50:+.0f} us",
             )
         )
         rows.append(
@@ -147,7 +147,7 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
                 v["label"],
                 "p99 us",
                 _num(v["p99_us"], "{:.0f}"),
-                "" if added99 is None else f"+{added99:.0f} us",
+                "" if added99 is None else f"{added99:+.0f} us",
             )
         )
     sc = results["scale"]
@@ -287,7 +287,7 @@ def startup_rows(st: dict[str, Any]) -> list[tuple[str, ...]]:
             "bridge stdio + demo agent",
             "initialize ms, median",
             f"{st['bridge_ms']:.0f}",
-            f"+{st['overhead_ms']:.0f} ms",
+            f"{st['overhead_ms']:+.0f} ms",
         ),
     ]
 

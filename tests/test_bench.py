@@ -288,3 +288,19 @@ def test_round_trips_are_taken_in_turns_of_one_block_per_variant():
         if key != "ws":
             assert len(latencies[key]) == 250, key
             assert [n for k, n in calls if k == key][1:] == [run.ROUND_TRIP_BLOCK] * 2 + [50]
+
+
+def test_the_flood_cycles_through_varied_chunks():
+    """The flood's updates are not one line repeated (that would flatter the journal's elision)."""
+    from bench import flood_agent
+
+    turn = flood_agent.Turn("s1", 1, 0)
+    texts = []
+    for k in (1, 5, 256, flood_agent.CHUNK_POOL, 1000, 3):
+        lines = turn.take(k).split(b"\n")[:-1]
+        assert len(lines) == k
+        texts += [json.loads(line)["params"]["update"]["content"]["text"] for line in lines]
+    pool = flood_agent.chunk_texts(flood_agent.CHUNK_POOL)
+    assert texts == [pool[i % len(pool)] for i in range(len(texts))]
+    assert len(set(pool)) > 0.9 * len(pool)
+    assert 15 < sum(map(len, pool)) / len(pool) < 25

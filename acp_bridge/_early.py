@@ -202,6 +202,10 @@ def find_answer(data: bytes | bytearray) -> tuple[JsonObject, int, int] | None:
     return None
 
 
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
 def _write_all(fd: int, data: bytes) -> bool:
     try:
         while data:
@@ -283,6 +287,7 @@ def answer_early(
     out = bytearray()
     found = None
     deadline: float | None = None
+    config_at = answer_at = 0.0
     while found is None or deadline is None:
         if deadline is None and background.config_done:
             if background.failed:
@@ -296,6 +301,7 @@ def answer_early(
             if len(line) > config.bridge.max_line_bytes:
                 return give_up("the first line is over max_line_bytes")
             deadline = sent_at + agent.start_timeout
+            config_at = time.monotonic()
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         waits = [background.fd] if found is not None else [from_agent, background.fd]
         ready, _, _ = select.select(waits, [], [], timeout)
@@ -307,6 +313,7 @@ def answer_early(
                 return give_up("the agent's stdout ended")
             out += data
             found = find_answer(out)
+            answer_at = time.monotonic()
             if found is None and len(out) > MAX_AGENT_BYTES:
                 return give_up("the agent wrote too much before its answer")
         elif not ready and found is None:
@@ -338,8 +345,15 @@ def answer_early(
     prespawned.stdout_rest = bytes(out[:start] + out[end:])
     hand.request = request
     hand.stdin = bytes(buf[nl + 1 :])
-    answered = round((time.monotonic() - began) * 1000, 1)
-    hand.note("early_initialize_answered", ms=answered, sent_ms=round((sent_at - began) * 1000, 1))
+    hand.note(
+        "early_initialize_answered",
+        # (milliseconds from this phase's start: the initialize sent to the agent, the
+        # configuration loaded, the agent's answer read, the client's answer written)
+        sent_ms=_ms(sent_at - began),
+        config_ms=_ms(config_at - began),
+        agent_ms=_ms(answer_at - began),
+        answered_ms=_ms(time.monotonic() - began),
+    )
     return hand
 
 

@@ -302,6 +302,8 @@ def answer_early(
                 return give_up("the first line is over max_line_bytes")
             deadline = sent_at + agent.start_timeout
             config_at = time.monotonic()
+            if found is not None:
+                break
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         waits = [background.fd] if found is not None else [from_agent, background.fd]
         ready, _, _ = select.select(waits, [], [], timeout)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import pathlib
+import select
 import shlex
 import subprocess
 import sys
+import threading
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -373,3 +376,71 @@ def test_imports_done_before_a_whole_line_hand_over_what_was_read():
     assert hand.stdin + unread == half
     assert hand.request is None
     assert [event for event, _ in hand.notes] == ["early_initialize_skipped"]
+
+
+def test_the_early_answer_without_processes_and_without_waiting_for_the_imports():
+    """
+    The whole exchange over pipes: the agent (played by the configuration's loading, so
+    that its answer is read before the configuration is there) gets the supervisor's own
+    initialize; the client gets the bridge's answer as soon as both are there, not once the
+    imports are done; what was read besides is handed over.
+    """
+    from acp_bridge._config import config_from_agent_specs
+    from acp_bridge._initialize import agent_fields, agent_params, bridge_answer
+    from acp_bridge._jsonrpc import request as rpc_request
+    from acp_bridge._jsonrpc import result as rpc_result
+    from acp_bridge._prespawn import spawn_settings
+
+    config = config_from_agent_specs([f"a={DEMO}", f"b={DEMO}"])
+    agent_config = config.agents["a"]
+    client_in, client_out = os.pipe()
+    agent_in_r, agent_in_w = os.pipe()
+    agent_out_r, agent_out_w = os.pipe()
+    protocol_r, protocol_w = os.pipe()
+    caps = {"promptCapabilities": {"image": True}, "sessionCapabilities": {"list": {}}}
+    result = {"protocolVersion": 1, "agentCapabilities": caps, "authMethods": [{"id": "x"}]}
+    answer_line = dumps({"jsonrpc": "2.0", "id": EARLY_ID, "result": result})
+    stray = b"a banner\n"
+    seen: list[bytes] = []
+    released = threading.Event()
+    imports_released: list[bool] = []
+
+    def load() -> Any:
+        # The agent: its initialize read, then its stray line and its answer written.
+        ready, _, _ = select.select([agent_in_r], [], [], 10)
+        assert ready, "no initialize reached the agent"
+        seen.append(os.read(agent_in_r, 65536))
+        os.write(agent_out_w, stray + answer_line)
+        return config
+
+    def imports() -> None:
+        imports_released.append(released.wait(10))
+
+    later = dumps(session_new(1, pathlib.Path("/")))
+    os.write(client_out, dumps(INIT) + later)
+    spawned = Prespawned("a", spawn_settings(agent_config))
+    spawned.fds = (agent_in_w, agent_out_r, -1, -1)
+    background = Background(load, imports)
+    background.start()
+    try:
+        hand = answer_early(spawned, background, protocol_w, stdin_fd=client_in)
+        released.set()
+        background.join()
+        answer = os.read(protocol_r, 65536)
+    finally:
+        for fd in (client_in, client_out, agent_in_r, agent_in_w, agent_out_r, agent_out_w):
+            os.close(fd)
+        os.close(protocol_r)
+        os.close(protocol_w)
+    assert imports_released == [True]  # (answered while the imports were still going)
+    offered = INIT["params"]["clientCapabilities"]
+    assert seen == [dumps(rpc_request(EARLY_ID, "initialize", agent_params(offered)))]
+    fields = agent_fields(result)
+    expected = bridge_answer(caps, [caps, {}], fields.auth_methods, "a", ["a", "b"])
+    assert answer == dumps(rpc_result(0, expected))
+    assert loads(answer)["result"]["agentCapabilities"]["sessionCapabilities"]["list"] == {}
+    assert hand.request == INIT
+    assert hand.stdin == later
+    assert spawned.initialized == result
+    assert spawned.stdout_rest == stray
+    assert [event for event, _ in hand.notes] == ["early_initialize_answered"]

@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import structlog
@@ -49,6 +49,9 @@ class AgentTransport:
     #: kill the agent at once (SIGKILL to its process group), not gracefully: for an agent
     #: that broke the protocol or stopped reading; its exit then takes the usual path
     kill: Callable[[], None] | None = None
+    #: the agent's ``initialize`` result when it was initialized before the bridge ran
+    #: (``_early``): the supervisor skips its handshake
+    initialized: dict[str, Any] | None = None
 
 
 class Launcher(Protocol):
@@ -186,11 +189,17 @@ class _Watched(trio.abc.ReceiveStream):
     Reads yield once, after taking what was waiting (:func:`acp_bridge._pipes.receive_some`).
     """
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream, first: bytes = b"") -> None:
         self._stream = stream
         self.ended = trio.Event()
+        #: bytes read from the pipe before the bridge ran (``_early``), returned first
+        self._first = first
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._first:
+            size = max_bytes or READ_SIZE
+            first, self._first = self._first[:size], self._first[size:]
+            return first
         try:
             data = await pipes.receive_some(self._stream, max_bytes or READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -225,7 +234,9 @@ def make_subprocess_launcher(
 
     ``adopt``: an agent process spawned before the bridge started (``_prespawn``), taken for
     that agent's first launch instead of spawning one (its failed spawn is that launch's
-    error); from there on it is watched, stopped and killed like any other.
+    error); from there on it is watched, stopped and killed like any other. When it was
+    initialized before the bridge ran (``_early``), its transport carries that result and
+    its reader gets first what was read of its stdout then.
     """
 
     async def launch_subprocess(
@@ -233,8 +244,10 @@ def make_subprocess_launcher(
     ) -> int | None:
         taken = adopt.take(config) if adopt is not None else None
         proc: _Process
+        first, initialized = b"", None
         if taken is not None:
             proc = _adopt(taken)
+            first, initialized = taken.stdout_rest, taken.initialized
         else:
             argv, env, cwd = spawn_settings(config, base_dir)
             try:
@@ -254,7 +267,7 @@ def make_subprocess_launcher(
             await reaper.register(pid)
         assert proc.stdin is not None
         assert proc.stdout is not None
-        stdout = _Watched(proc.stdout)
+        stdout = _Watched(proc.stdout, first)
         stderr = _Watched(proc.stderr) if proc.stderr is not None else None
         try:
             task_status.started(
@@ -264,6 +277,7 @@ def make_subprocess_launcher(
                     stderr=stderr,
                     pid=pid,
                     kill=functools.partial(_kill_running, proc),
+                    initialized=initialized,
                 )
             )
             status = await proc.wait()

@@ -62,7 +62,7 @@ from acp_bridge._subagents import Subagents, launch_config
 from acp_bridge._supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from acp_bridge._agent import Launcher
     from acp_bridge._config import Config
@@ -440,9 +440,15 @@ async def serve_client_stream(
     *,
     name: str = "stdio",
     linger: float | None = None,
+    preread: bytes = b"",
+    on_open: Callable[[ClientLink], Awaitable[None]] | None = None,
 ) -> None:
     """
     Serve one client over a byte stream pair (stdio, or memory streams in tests) until EOF.
+
+    ``preread``: bytes of the client's taken from ``receive`` before (``acp-bridge stdio``'s
+    start, ``_early``), handled first; ``on_open``: run on the client's link before any of
+    its lines (there: the ``initialize`` that start answered, noted).
 
     At end of input, requests already under way get ``linger`` seconds (default: the
     bridge's ``stop_grace``) to finish and be written: a client that pipes its requests and
@@ -468,6 +474,10 @@ async def serve_client_stream(
             if gate is not None:
                 nursery.start_soon(gate.feed)
             try:
+                if on_open is not None:
+                    await on_open(client)
+                for line in decoder.feed(preread):
+                    await handle(client, line)
                 while data := await pipes.receive_some(receive, READ_CHUNK):
                     for line in decoder.feed(data):
                         await handle(client, line)

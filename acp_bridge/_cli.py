@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from typing import IO
 
     from acp_bridge._config import Config
+    from acp_bridge._early import Background, Handover
     from acp_bridge._prespawn import Prespawned
     from acp_bridge._redact import Redactor
 
@@ -262,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     protocol_fd = None
     prespawned = None
+    background = early = None
     if args.command == "stdio":
         # Before anything can print: from here on fd 1 is stderr, the protocol has its own fd.
         from acp_bridge._prespawn import claim_stdout, prespawn
@@ -269,15 +271,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         protocol_fd = claim_stdout()
         # The default agent starts now, while the bridge imports (_prespawn).
         prespawned = prespawn(args.config, args.agent)
+        if prespawned is not None and prespawned.popen is not None and not args.trace:
+            # The imports in a thread while initialize is answered here (_early). (Not with
+            # --trace: the trace would miss those messages.)
+            from acp_bridge import _early
+
+            if _early.enabled():
+                background = _early.Background(
+                    functools.partial(_load_for_stdio, args), _import_for_stdio
+                )
+                background.start()
+                try:
+                    early = _early.answer_early(
+                        prespawned,
+                        background,
+                        protocol_fd,
+                        v2_hint=_early.v2_asked(args.config, args.experimental_v2),
+                    )
+                finally:
+                    background.join()
     try:
-        return _main_started(args, protocol_fd, prespawned)
+        return _main_started(args, protocol_fd, prespawned, background, early)
     finally:
         if prespawned is not None:  # (not adopted: no initialize came, or the start failed)
             prespawned.discard()
 
 
+def _load_for_stdio(args: argparse.Namespace) -> Config:
+    """(In ``_early``'s thread: the configuration, loaded as :func:`_main_started` loads it.)"""
+    return _v2_override(_load(args), args)
+
+
+def _import_for_stdio() -> None:
+    """(In ``_early``'s thread: what ``stdio`` imports after the configuration.)"""
+    import trio  # noqa: F401
+
+    import acp_bridge._log
+    import acp_bridge._prompt
+    import acp_bridge._redact
+    import acp_bridge._stdio
+    import acp_bridge._store  # noqa: F401
+
+
 def _main_started(
-    args: argparse.Namespace, protocol_fd: int | None, prespawned: Prespawned | None
+    args: argparse.Namespace,
+    protocol_fd: int | None,
+    prespawned: Prespawned | None,
+    background: Background | None = None,
+    early: Handover | None = None,
 ) -> int:
     from acp_bridge._log import configure_logging
     from acp_bridge._redact import Redactor
@@ -290,7 +331,8 @@ def _main_started(
     from acp_bridge._config import ConfigError
 
     try:
-        config = _v2_override(_load(args), args)
+        # (loaded in _early's thread: its result, or its error raised here)
+        config = _v2_override(_load(args), args) if background is None else background.config()
     except ConfigError as exc:
         print(f"acp-bridge: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -310,7 +352,7 @@ def _main_started(
             print(f"acp-bridge: --trace {args.trace}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return _run(args, config, protocol_fd, trace_file, redactor, prespawned)
+        return _run(args, config, protocol_fd, trace_file, redactor, prespawned, early)
     except (StoreError, PromptFailed, BaseExceptionGroup) as exc:
         known = _known_failure(exc, (StoreError, PromptFailed))
         if known is None:
@@ -340,6 +382,7 @@ def _run(
     trace_file: IO[bytes] | None,
     redactor: Redactor,
     prespawned: Prespawned | None = None,
+    early: Handover | None = None,
 ) -> int:
     import trio
 
@@ -355,6 +398,7 @@ def _run(
                 trace_file=trace_file,
                 redactor=redactor,
                 adopt=prespawned,
+                early=early,
             )
         )
         return 0

@@ -11,21 +11,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+# (defined with the wire extensions: the stdlib phase of ``acp-bridge stdio`` reads them)
+from acp_bridge._wire import LEVEL_RANK as LEVEL_RANK
+from acp_bridge._wire import LOG_LEVELS as LOG_LEVELS
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-#: RFC 5424 severities, as ACP RFD #392 names them, lowest first
-LOG_LEVELS: Final = (
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-)
-LEVEL_RANK: Final = {name: rank for rank, name in enumerate(LOG_LEVELS)}
 #: agent diagnostics relayed as notifications: a token bucket per agent (lines per second,
 #: burst); what it holds back is counted and summarized ("N lines suppressed") a second later
 LOG_RATE: Final = 50.0

@@ -23,11 +23,11 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from acp_bridge import __version__
 from acp_bridge import _jsonrpc as rpc
-from acp_bridge._capabilities import CONNECTION_METHODS, SESSION_METHODS, advertised, agent_selector
+from acp_bridge._capabilities import CONNECTION_METHODS, SESSION_METHODS, agent_selector
 from acp_bridge._diagnostics import LEVEL_RANK, LOG_LEVELS
 from acp_bridge._framing import Oversize
+from acp_bridge._initialize import ClientOptions, bridge_answer, client_options
 from acp_bridge._jsonrpc import (
     INTERNAL_ERROR,
     JsonObject,
@@ -40,7 +40,7 @@ from acp_bridge._jsonrpc import (
 )
 from acp_bridge._links import AgentState
 from acp_bridge._routing import Setup, roots_of
-from acp_bridge._wire import PROTOCOL_VERSION, bridge_meta, id_of, is_id
+from acp_bridge._wire import bridge_meta, id_of, is_id
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -189,26 +189,7 @@ class FromClient:
         capabilities and ``_meta.acp_bridge`` options (seq, log) noted, the bridge's
         capabilities (``_capabilities.advertised``) and every agent's name answered.
         """
-        params = params_of(msg)
-        requested = params.get("protocolVersion")
-        if type(requested) is not int:
-            raise JsonRpcError.invalid_params("protocolVersion: expected an integer")
-        ours = bridge_meta(params)
-        log_level = ours.get("log")
-        if log_level is not None and (
-            not isinstance(log_level, str) or log_level not in LEVEL_RANK
-        ):
-            raise JsonRpcError.invalid_params(
-                f"_meta.acp_bridge.log: expected one of {', '.join(LOG_LEVELS)}"
-            )
-        caps = params.get("clientCapabilities")
-        client.capabilities = caps if isinstance(caps, dict) else {}
-        client.want_seq = ours.get("seq") is True
-        client.log_level = log_level
-        # Any _meta.acp_bridge marks a client written for the bridge (ours add one).
-        meta = params.get("_meta")
-        client.extensions = isinstance(meta, dict) and isinstance(meta.get("acp_bridge"), dict)
-        self._hub.client_capabilities = client.capabilities
+        self._note_client(client, client_options(params_of(msg)))
         default_agent = self._hub.default_agent
         default = self._agents[default_agent]
         try:
@@ -217,25 +198,39 @@ class FromClient:
             await self._reply_error(client, msg["id"], exc)
             return
         client.initialized = True
-        # The only version the bridge speaks (the spec: the requested one when supported,
-        # else the latest supported; 0 is no version at all).
-        version = PROTOCOL_VERSION
-        caps_out = advertised(
-            default.capabilities, [a.capabilities for a in self._hub.agents.values()]
+        answer = bridge_answer(
+            default.capabilities,
+            [a.capabilities for a in self._hub.agents.values()],
+            default.auth_methods,
+            default_agent,
+            list(self._agents),
         )
-        answer: JsonObject = {
-            "protocolVersion": version,
-            "agentCapabilities": caps_out,
-            "authMethods": default.auth_methods,
-            "agentInfo": {"name": "acp-bridge", "title": "acp-bridge", "version": __version__},
-            "_meta": {
-                "acp_bridge": {
-                    "defaultAgent": default_agent,
-                    "agents": list(self._agents),
-                }
-            },
-        }
         await client.send(dumps(rpc.result(msg["id"], answer)))
+
+    def _note_client(self, client: ClientLink, options: ClientOptions) -> None:
+        """What a client's ``initialize`` says about it, noted on its link (and the hub)."""
+        client.capabilities = options.capabilities
+        client.want_seq = options.want_seq
+        client.log_level = options.log_level
+        client.extensions = options.extensions
+        self._hub.client_capabilities = client.capabilities
+
+    async def initialized_early(self, client: ClientLink, msg: JsonObject) -> None:
+        """
+        ``initialize`` as ``acp-bridge stdio`` answered it before the imports (``_early``):
+        the client noted as :meth:`_initialize` notes it, and the default agent, which that
+        phase initialized, adopted now (its launch skips the handshake: ``_supervisor``).
+        """
+        self._counters["from_client"] += 1
+        self._note_client(client, client_options(params_of(msg)))
+        # (initialized before the agent's reader runs: what it wrote before its answer, stray
+        # lines, reaches this client's log channel as what it writes later does)
+        client.initialized = True
+        default = self._agents[self._hub.default_agent]
+        try:
+            await self._ensure_ready(default)
+        except JsonRpcError as exc:  # (an adopted process does not fail to start: not expected)
+            default.log.error("early_agent_not_adopted", error=exc.message)
 
     async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``session/new`` to the selected (or default) agent, started first if need be."""

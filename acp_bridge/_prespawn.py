@@ -12,6 +12,12 @@ agent's first launch (``_agent.make_subprocess_launcher``); later launches spawn
 Should the quick reading and the real one disagree, the early process is stopped and the
 agent is launched the usual way: the quick reading can cost time, never behaviour.
 
+Then, while the imports run in a thread, ``_early`` may give it the client's ``initialize``
+and answer the client (:attr:`Prespawned.initialized` carries its result to the launch,
+which skips the handshake, and :attr:`Prespawned.stdout_rest` what was read of its stdout
+besides the answer); an ``initialize`` that went wrong there stops it
+(:meth:`Prespawned.abandon`) and the usual launch starts the agent anew.
+
 The process is spawned as the launcher spawns one: three pipes, a session (process group) of
 its own. A spawn that fails is kept and raised at adoption, with the launcher's own message.
 An agent never adopted (no ``initialize`` came, the bridge failed to start) is stopped by
@@ -30,7 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -145,20 +151,31 @@ class Prespawned:
         self.config: AgentConfig | None = None
         self.grace = DEFAULT_GRACE
         self.taken = False
+        #: its ``initialize`` result, when ``_early`` initialized it (the launch skips the
+        #: handshake), and what that read of its stdout besides the answer (its reader's first)
+        self.initialized: dict[str, Any] | None = None
+        self.stdout_rest = b""
 
-    def confirm(self, config: Config) -> bool:
+    def matches(self, config: Config) -> AgentConfig | None:
         """
-        Keep it if the configuration's default agent is the one spawned (its name, argv,
-        environment and cwd as the launcher would have them); else stop it.
+        The configuration's default agent if it is the one spawned (its name, argv,
+        environment and cwd as the launcher would have them), else None.
         """
         from acp_bridge._config import ConfigError  # (loaded already: the config is read)
 
-        self.grace = config.bridge.stop_grace
         try:
             agent = config.default_agent
         except ConfigError:  # (no agents: the bridge reports it as it starts)
-            agent = None
-        if agent is None or agent.name != self.name or spawn_settings(agent) != self.spawn:
+            return None
+        if agent.name != self.name or spawn_settings(agent) != self.spawn:
+            return None
+        return agent
+
+    def confirm(self, config: Config) -> bool:
+        """Keep it if it is the configuration's default agent (:meth:`matches`); else stop it."""
+        self.grace = config.bridge.stop_grace
+        agent = self.matches(config)
+        if agent is None:
             self.discard()
             return False
         self.config = agent
@@ -178,6 +195,15 @@ class Prespawned:
             self._stop(0.0)
             return None
         return self
+
+    def abandon(self) -> None:
+        """
+        Stop it at once (SIGTERM, SIGKILL to its group) and let the usual launch start the
+        agent: ``_early`` gave it an ``initialize`` that went wrong, and the usual launch
+        then meets (and reports) what goes wrong the usual way.
+        """
+        self.taken = True
+        self._stop(0.0)
 
     def discard(self) -> None:
         """Stop it unless it was taken (stdin EOF, ``grace``, SIGTERM, ``grace``, SIGKILL)."""

@@ -8,6 +8,7 @@ writing to stdout lands in the diagnostics, never in the protocol stream.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from acp_bridge._agent import Launcher
     from acp_bridge._config import Config
+    from acp_bridge._early import Handover
     from acp_bridge._jsonrpc import JsonObject
     from acp_bridge._links import Tracer
     from acp_bridge._prespawn import Prespawned
@@ -105,19 +107,29 @@ async def serve_stdio(
     trace_file: IO[bytes] | None = None,
     redactor: Redactor | None = None,
     adopt: Prespawned | None = None,
+    early: Handover | None = None,
 ) -> None:
     """
     Serve the client on stdin and ``protocol_fd`` until stdin ends (traced to ``trace_file``).
 
     ``redactor``: the secrets hidden in the trace, the bridge's and the logs' (pass the one
     logging was configured with). ``adopt``: the default agent's process, already spawned.
+    ``early``: what the start read of stdin, and the ``initialize`` it answered (``_early``).
     """
     redactor = redactor if redactor is not None else Redactor()
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(protocol_fd)
+    preread, request = b"", None
+    if early is not None:
+        for event, fields in early.notes:
+            logger.debug(event, **fields)
+        preread, request = early.stdin, early.request
 
     async def body(bridge: Bridge) -> None:
-        await serve_client_stream(bridge, stdin, stdout)
+        on_open = None
+        if request is not None:
+            on_open = functools.partial(bridge.from_client.initialized_early, msg=request)
+        await serve_client_stream(bridge, stdin, stdout, preread=preread, on_open=on_open)
 
     try:
         if trace_file is None:  # (the trace's module is not loaded without --trace)

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
-from acp_bridge import __version__
 from acp_bridge import _jsonrpc as rpc
 from acp_bridge import _pipes as pipes
 from acp_bridge import _remote as remote
 from acp_bridge._agent import AgentStartError, AgentTransport, StderrRing
 from acp_bridge._backoff import CrashLoop
 from acp_bridge._diagnostics import guess_level
+from acp_bridge._initialize import agent_fields, agent_params
 from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
 from acp_bridge._links import AgentState, ClientLink, Waiter, pump_channel
 from acp_bridge._routing import SessionState
@@ -200,13 +200,19 @@ class Supervisor:
                 nursery.start_soon(self._agent_stderr, agent, transport.stderr)
             nursery.start_soon(self._reader, agent, transport.receive, eof)
             log.info("agent_spawned", pid=transport.pid)
-            try:
-                await self._handshake(agent, eof)
-            except JsonRpcError as exc:
-                self._start_failed(agent, exc)
-                nursery.cancel_scope.cancel()
-                await self.agent_gone(agent, reason="failed to initialize")
-                return
+            if transport.initialized is not None:
+                # Initialized before the imports (``_early``), under the id its first
+                # request would have had here: that id is spent.
+                agent.pending.pop(agent.pending.add(Waiter()))
+                self._initialized(agent, transport.initialized)
+            else:
+                try:
+                    await self._handshake(agent, eof)
+                except JsonRpcError as exc:
+                    self._start_failed(agent, exc)
+                    nursery.cancel_scope.cancel()
+                    await self.agent_gone(agent, reason="failed to initialize")
+                    return
             agent.state = AgentState.READY
             agent.settled.set()
             log.info("agent_ready", pid=transport.pid)
@@ -246,12 +252,9 @@ class Supervisor:
         caps = remote.offered_capabilities(
             agent.config, self._hub.client_capabilities if caps is None else caps
         )
-        params: JsonObject = {
-            "protocolVersion": PROTOCOL_VERSION,
-            "clientCapabilities": caps,
-            "clientInfo": {"name": "acp-bridge", "version": __version__},
-        }
+        params = agent_params(caps)
         result: Any = None
+        refused: JsonRpcError | None = None
         async with trio.open_nursery() as nursery:
 
             async def watch_eof() -> None:
@@ -260,8 +263,15 @@ class Supervisor:
 
             nursery.start_soon(watch_eof)
             with trio.move_on_after(agent.config.start_timeout) as timeout:
-                result = await self.internal_request(agent, "initialize", params)
+                try:
+                    result = await self.internal_request(agent, "initialize", params)
+                except JsonRpcError as exc:
+                    # (raised out of here: inside the nursery it would be an exception
+                    # group, which nobody catches, and the bridge would crash)
+                    refused = exc
             nursery.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
         if eof.is_set() and result is None:
             with trio.move_on_after(EXIT_STATUS_WAIT):
                 await agent.exited.wait()
@@ -290,12 +300,12 @@ class Supervisor:
                 f"{result.get('protocolVersion')!r}; the bridge speaks {PROTOCOL_VERSION}",
                 agent.failure_data(),
             )
-        caps = result.get("agentCapabilities")
-        agent.capabilities = caps if isinstance(caps, dict) else {}
-        methods = result.get("authMethods")
-        agent.auth_methods = methods if isinstance(methods, list) else []
-        info = result.get("agentInfo")
-        agent.agent_info = info if isinstance(info, dict) else None
+        self._initialized(agent, result)
+
+    @staticmethod
+    def _initialized(agent: AgentLink, result: JsonObject) -> None:
+        """An agent's ``initialize`` result (checked), kept on its link."""
+        agent.capabilities, agent.auth_methods, agent.agent_info = agent_fields(result)
 
     def _start_failed(self, agent: AgentLink, exc: JsonRpcError) -> None:
         agent.state = AgentState.DEAD

@@ -13,6 +13,19 @@ from acp_bridge._jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRp
 
 PROTOCOL_VERSION: Final = 1
 
+#: RFC 5424 severities, as ACP RFD #392 names them, lowest first
+LOG_LEVELS: Final = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+LEVEL_RANK: Final = {name: rank for rank, name in enumerate(LOG_LEVELS)}
+
 
 def bridge_meta(params: object) -> JsonObject:
     """``params._meta.acp_bridge`` (the bridge's own wire extensions), or {} (also when

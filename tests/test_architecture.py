@@ -54,6 +54,8 @@ PURE: tuple[str, ...] = (
     "_v2_core",
     "_subagent_core",
     "_prespawn",
+    "_initialize",
+    "_early",
 )
 
 #: Third-party packages a pure module may import (besides the standard library).

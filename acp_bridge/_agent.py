@@ -52,6 +52,10 @@ class AgentTransport:
     #: the agent's ``initialize`` result when it was initialized before the bridge ran
     #: (``_early``): the supervisor skips its handshake
     initialized: dict[str, Any] | None = None
+    #: when it was sent an ``initialize`` before the bridge ran that it has not answered as
+    #: the early answer needs (``time.monotonic()``; ``Prespawned.initialize_sent``): the
+    #: supervisor's handshake waits for that one's answer (the link's first id)
+    initialize_sent: float | None = None
 
 
 class Launcher(Protocol):
@@ -244,10 +248,11 @@ def make_subprocess_launcher(
     ) -> int | None:
         taken = adopt.take(config) if adopt is not None else None
         proc: _Process
-        first, initialized = b"", None
+        first, initialized, initialize_sent = b"", None, None
         if taken is not None:
             proc = _adopt(taken)
             first, initialized = taken.stdout_rest, taken.initialized
+            initialize_sent = taken.initialize_sent
         else:
             argv, env, cwd = spawn_settings(config, base_dir)
             try:
@@ -278,6 +283,7 @@ def make_subprocess_launcher(
                     pid=pid,
                     kill=functools.partial(_kill_running, proc),
                     initialized=initialized,
+                    initialize_sent=initialize_sent,
                 )
             )
             status = await proc.wait()

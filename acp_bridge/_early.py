@@ -20,11 +20,15 @@ as stray then).
 
 Anything else goes the usual way and loses nothing. Before the agent got an ``initialize``
 (the first line is something else, the imports finished first, stdin ended), the bytes read
-are handed over as they are. After (the agent answered an error, oddly, another version,
-exited, did not answer within its ``start_timeout``; the configuration disagrees or failed to
-load), the early agent is stopped at once and the trio phase launches it anew with the
-client's line unconsumed, so the client gets exactly today's answer, at the cost of a
-second start. Every wait is bounded: the client's first line by the imports' end, the agent's
+are handed over as they are. After, when the agent answered an error, oddly, another
+version, exited or did not answer within its ``start_timeout``, the client's line is handed
+over unconsumed and the agent with its ``initialize`` outstanding
+(``Prespawned.initialize_sent``) and all it wrote: the trio phase answers the client the
+usual way, its handshake waiting for that ``initialize``'s answer (or meeting the agent's
+exit) in what is left of ``start_timeout``, so the client gets exactly today's answer from
+the one agent. When the configuration disagrees or failed to load, the early agent is
+stopped at once and the trio phase launches the agent anew with the client's line
+unconsumed. Every wait is bounded: the client's first line by the imports' end, the agent's
 answer by its ``start_timeout`` (once the configuration says it), the configuration by the
 thread's end. Nothing is logged here (structlog is not loaded yet): what happened is held
 in :attr:`Handover.notes` and logged by the trio phase. ``ACP_BRIDGE_EARLY_INIT=0`` in the
@@ -276,6 +280,16 @@ def answer_early(
         hand.note("early_initialize_abandoned", reason=reason)
         return hand
 
+    def leave(reason: str) -> Handover:
+        # The agent keeps its initialize: the launch's handshake waits for its answer (or
+        # meets its exit), in what is left of start_timeout, with every byte it wrote.
+        prespawned.initialize_sent = sent_at
+        prespawned.stdout_rest = bytes(out)
+        hand.stdin = bytes(buf)
+        hand.note("early_initialize_left", reason=reason)
+        return hand
+
+    out = bytearray()
     if not sent:
         return give_up("the agent's stdin is closed")
 
@@ -284,7 +298,6 @@ def answer_early(
     from acp_bridge._jsonrpc import result as rpc_result
     from acp_bridge._wire import PROTOCOL_VERSION
 
-    out = bytearray()
     found = None
     deadline: float | None = None
     config_at = answer_at = 0.0
@@ -312,24 +325,24 @@ def answer_early(
         if from_agent in ready:
             data = os.read(from_agent, 65536)
             if not data:
-                return give_up("the agent's stdout ended")
+                return leave("the agent's stdout ended")
             out += data
             found = find_answer(out)
             answer_at = time.monotonic()
             if found is None and len(out) > MAX_AGENT_BYTES:
-                return give_up("the agent wrote too much before its answer")
+                return leave("the agent wrote too much before its answer")
         elif not ready and found is None:
-            return give_up("no answer within start_timeout")
+            return leave("no answer within start_timeout")
 
     # 4. The answer checked as the handshake checks it, then the bridge's.
     answer, start, end = found
     result = answer.get("result")
     if end - start > MAX_LINE:
-        return give_up("the agent's answer is long")
+        return leave("the agent's answer is long")
     if "error" in answer or not isinstance(result, dict):
-        return give_up("the agent answered with an error, or oddly")
+        return leave("the agent answered with an error, or oddly")
     if result.get("protocolVersion") != PROTOCOL_VERSION:
-        return give_up("the agent speaks another protocol version")
+        return leave("the agent speaks another protocol version")
     fields = agent_fields(result)
     default = config.default_agent.name
     ours = bridge_answer(

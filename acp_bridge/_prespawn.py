@@ -155,6 +155,11 @@ class Prespawned:
         #: handshake), and what that read of its stdout besides the answer (its reader's first)
         self.initialized: dict[str, Any] | None = None
         self.stdout_rest = b""
+        #: when ``_early`` sent it an ``initialize`` (``time.monotonic()``) that it did not
+        #: answer as the early answer needs (an error, oddly, not in time, or it exited): the
+        #: launch's handshake waits for that one's answer in what is left of its
+        #: ``start_timeout``, instead of a second agent and a second ``initialize``
+        self.initialize_sent: float | None = None
 
     def matches(self, config: Config) -> AgentConfig | None:
         """
@@ -199,8 +204,8 @@ class Prespawned:
     def abandon(self) -> None:
         """
         Stop it at once (SIGTERM, SIGKILL to its group) and let the usual launch start the
-        agent: ``_early`` gave it an ``initialize`` that went wrong, and the usual launch
-        then meets (and reports) what goes wrong the usual way.
+        agent: ``_early`` gave it an ``initialize`` and then found that the configuration
+        does not take it (another default agent, ``experimental_v2``, a failed load).
         """
         self.taken = True
         self._stop(0.0)

@@ -13,6 +13,7 @@ sessions end. :meth:`Supervisor.stop_agents` ends every life.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
 
 #: how long to wait for an exited agent's status before failing its requests without it
 EXIT_STATUS_WAIT: Final = 0.25
+#: the least an agent initialized before the bridge ran (``_early``) is still waited for
+#: when its ``start_timeout`` ran out then: a moment for its stderr to be read, so that the
+#: timeout's error carries what it printed, as it does otherwise
+EARLY_LEFT_MIN: Final = 0.1
 
 
 class _AgentLog(Protocol):
@@ -207,7 +212,7 @@ class Supervisor:
                 self._initialized(agent, transport.initialized)
             else:
                 try:
-                    await self._handshake(agent, eof)
+                    await self._handshake(agent, eof, transport.initialize_sent)
                 except JsonRpcError as exc:
                     self._start_failed(agent, exc)
                     nursery.cancel_scope.cancel()
@@ -247,12 +252,28 @@ class Supervisor:
         finally:
             agent.exited.set()
 
-    async def _handshake(self, agent: AgentLink, eof: trio.Event) -> None:
+    async def _handshake(self, agent: AgentLink, eof: trio.Event, sent: float | None) -> None:
+        """
+        The agent's ``initialize``, checked. ``sent``: it was sent one before the bridge ran
+        (``_early``, at that ``time.monotonic()``), under the link's first id: its answer is
+        waited for in what is left of ``start_timeout`` (at least ``EARLY_LEFT_MIN``).
+        """
         caps = self._hub.fixed_client_capabilities
         caps = remote.offered_capabilities(
             agent.config, self._hub.client_capabilities if caps is None else caps
         )
         params = agent_params(caps)
+        wait = agent.config.start_timeout
+        if sent is not None:
+            wait = max(wait - (time.monotonic() - sent), EARLY_LEFT_MIN)
+
+        async def ask() -> Any:
+            if sent is None:
+                return await self.internal_request(agent, "initialize", params)
+            waiter = Waiter()
+            agent.pending.add(waiter)  # (the first id: the one it was sent)
+            return await self._answer_of(agent, waiter)
+
         result: Any = None
         refused: JsonRpcError | None = None
         async with trio.open_nursery() as nursery:
@@ -262,9 +283,9 @@ class Supervisor:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch_eof)
-            with trio.move_on_after(agent.config.start_timeout) as timeout:
+            with trio.move_on_after(wait) as timeout:
                 try:
-                    result = await self.internal_request(agent, "initialize", params)
+                    result = await ask()
                 except JsonRpcError as exc:
                     # (raised out of here: inside the nursery it would be an exception
                     # group, which nobody catches, and the bridge would crash)
@@ -398,6 +419,11 @@ class Supervisor:
         if not agent.send_nowait(dumps(rpc.request(bridge_id, method, params))):
             agent.pending.pop(bridge_id)
             raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is not accepting input")
+        return await self._answer_of(agent, waiter)
+
+    @staticmethod
+    async def _answer_of(agent: AgentLink, waiter: Waiter) -> Any:
+        """The result of the request ``waiter`` waits for, or its error raised."""
         response = await waiter.wait()
         if "error" in response:
             err = response["error"]

@@ -59,8 +59,10 @@ INIT: dict[str, Any] = {
 
 # An agent that fails its initialize the way argv[1] says (or never answers: "silent").
 FAKE_AGENT = r"""
-import json, sys
+import json, os, sys
 mode = sys.argv[1]
+with open(os.path.join(os.path.dirname(__file__), "starts"), "a") as starts:
+    starts.write("started\n")  # (one line per start)
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("method") != "initialize":
@@ -250,10 +252,13 @@ async def test_stray_lines_before_the_agents_answer_are_still_reported(tmp_path)
 async def test_an_agent_failing_initialize_gives_the_usual_error(tmp_path, mode):
     errors = {}
     for early in (True, False):
+        (tmp_path / "starts").unlink(missing_ok=True)
         async with stdio(tmp_path, fake_agent(tmp_path, mode), early=early) as bridge:
             await bridge.send(INIT)
             errors[early] = (await bridge.answer(0))["error"]
-        assert bridge.early() == (["early_initialize_abandoned"] if early else [])
+        assert bridge.early() == (["early_initialize_left"] if early else [])
+        # (the one agent that got the initialize answers for it: no second start)
+        assert (tmp_path / "starts").read_text().count("started") == 1
     assert errors[True] == errors[False]
     assert "a" in errors[True]["message"] or errors[True]["code"] == -32000
 
@@ -268,10 +273,13 @@ async def test_an_agent_silent_past_its_start_timeout_gives_the_usual_error(tmp_
     )
     errors = {}
     for early in (True, False):
+        (tmp_path / "starts").unlink(missing_ok=True)
         async with stdio(tmp_path, ["--config", str(config)], early=early) as bridge:
             await bridge.send(INIT)
             errors[early] = (await bridge.answer(0))["error"]
-        assert bridge.early() == (["early_initialize_abandoned"] if early else [])
+        assert bridge.early() == (["early_initialize_left"] if early else [])
+        # One agent, one start_timeout: not a second agent waited for as long again.
+        assert (tmp_path / "starts").read_text().count("started") == 1
     assert errors[True] == errors[False]
     assert "did not answer initialize within 0.3s" in errors[True]["message"]
 

@@ -198,17 +198,21 @@ class _Watched(trio.abc.ReceiveStream):
         self.ended = trio.Event()
         #: bytes read from the pipe before the bridge ran (``_early``), returned first
         self._first = first
+        #: the last read was short: the next one waits first (``_pipes.read_fd``)
+        self._drained = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._first:
             size = max_bytes or READ_SIZE
             first, self._first = self._first[:size], self._first[size:]
             return first
+        size = max_bytes or READ_SIZE
         try:
-            data = await pipes.receive_some(self._stream, max_bytes or READ_SIZE)
+            data = await pipes.receive_some(self._stream, size, drained=self._drained)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.ended.set()
             raise
+        self._drained = pipes.drained(data, size)
         if not data:
             self.ended.set()
         return data

@@ -478,7 +478,9 @@ async def serve_client_stream(
                     await on_open(client)
                 for line in decoder.feed(preread):
                     await handle(client, line)
-                while data := await pipes.receive_some(receive, READ_CHUNK):
+                drained = False
+                while data := await pipes.receive_some(receive, READ_CHUNK, drained=drained):
+                    drained = pipes.drained(data, READ_CHUNK)
                     for line in decoder.feed(data):
                         await handle(client, line)
                 rest = decoder.feed_eof()

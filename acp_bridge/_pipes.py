@@ -80,34 +80,53 @@ def read_now(fd: int, max_bytes: int) -> bytes:
     return bytes(view[:got])
 
 
-async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
+async def read_fd(fd: int, max_bytes: int, *, drained: bool = False) -> bytes:
     """
-    ``stream.receive_some(max_bytes)``; from a pipe, what is there now, else the next data.
+    The next bytes of a non-blocking pipe or socket (at most ``max_bytes``); ``b""`` at its
+    end. Raises what ``os.read`` does, but ``BlockingIOError``.
 
-    It yields to the scheduler once, as trio's own call does, but after the read: data that
+    It yields to the scheduler once, as trio's own reads do, but after the read: data that
     was waiting is read, then the others get their turn (shielded: what was read is
     returned), and data that was not is waited for (the wait is the turn). So a reader
     calls it in a loop and needs no turn of its own between reads; and a quiet pipe costs
-    one scheduler round per message, not two (a yield, then the wait).
+    one scheduler round per message, not two (a yield, then the wait). ``drained``: the
+    last read took less than it could (the pipe had no more then: :func:`drained`), so
+    this one waits first, sparing a read that would find nothing (as libuv does); data that
+    came since ends the wait at once.
     """
-    fd = pipe_fd(stream)
-    if fd is not None:
-        await trio.lowlevel.checkpoint_if_cancelled()
+    await trio.lowlevel.checkpoint_if_cancelled()
+    if not drained:
         try:
             data = read_now(fd, max_bytes)
         except BlockingIOError:
             pass
-        except OSError:
-            return await stream.receive_some(max_bytes)  # (it raises the proper error)
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return data
-        while True:
-            await trio.lowlevel.wait_readable(fd)
-            try:
-                return read_now(fd, max_bytes)
-            except BlockingIOError:
-                pass
-            except OSError:
-                break  # closed or broken: the stream's own call raises the proper error
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        try:
+            return read_now(fd, max_bytes)
+        except BlockingIOError:
+            pass
+
+
+def drained(data: bytes | bytearray, max_bytes: int) -> bool:
+    """Whether a read that returned ``data`` took all the pipe had (less than it could)."""
+    return len(data) < min(max_bytes, READ_BUFFER_BYTES)
+
+
+async def receive_some(
+    stream: trio.abc.ReceiveStream, max_bytes: int, *, drained: bool = False
+) -> bytes | bytearray:
+    """
+    ``stream.receive_some(max_bytes)``; from a pipe, through :func:`read_fd` (``drained``:
+    the caller's last read from it was short, :func:`drained`).
+    """
+    fd = pipe_fd(stream)
+    if fd is not None:
+        try:
+            return await read_fd(fd, max_bytes, drained=drained)
+        except OSError:
+            pass  # closed or broken: the stream's own call raises the proper error
     return await stream.receive_some(max_bytes)

@@ -57,6 +57,8 @@ class ReplayStream(trio.abc.Stream):
         self.close_sent = False
         #: the rest of a frame :meth:`offer` wrote in part: the next write sends it first
         self._tail = b""
+        #: the last read from the socket was short: the next one waits first (``read_fd``)
+        self._drained = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """
@@ -77,24 +79,13 @@ class ReplayStream(trio.abc.Stream):
         fd = self._fd
         size = RECEIVE_BYTES if max_bytes is None else max_bytes
         if fd is not None and not self.broken:
-            await trio.lowlevel.checkpoint_if_cancelled()
             try:
-                data = pipes.read_now(fd, size)
-            except BlockingIOError:
-                pass
+                data = await pipes.read_fd(fd, size, drained=self._drained)
             except OSError:
-                return await self._stream.receive_some(size)  # (it raises the proper error)
+                pass  # reset or closed: the stream's own call raises the proper error
             else:
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                self._drained = pipes.drained(data, size)
                 return data
-            while True:
-                await trio.lowlevel.wait_readable(fd)
-                try:
-                    return pipes.read_now(fd, size)
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    break  # reset or closed: the stream's own call raises the proper error
         return await self._stream.receive_some(size)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:

@@ -147,3 +147,47 @@ async def test_a_read_that_finds_data_gives_the_others_their_turn_after_it():
             assert got == b"two\n"
         os.close(w)
         assert await _pipes.receive_some(receive, 65536) == b""
+
+
+async def test_after_a_short_read_the_next_one_waits_first(monkeypatch):
+    """
+    A read that took less than it could emptied the pipe: the next read waits before it
+    reads (no read that finds nothing), and data already there ends the wait at once.
+    """
+    calls: list[int] = []
+    real = _pipes.read_now
+
+    def counting(fd: int, max_bytes: int) -> bytes:
+        calls.append(fd)
+        return real(fd, max_bytes)
+
+    monkeypatch.setattr(_pipes, "read_now", counting)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    try:
+        os.write(w, b"one\n")
+        first = await _pipes.read_fd(r, 65536)
+        assert first == b"one\n"
+        assert _pipes.drained(first, 65536)
+        assert not _pipes.drained(b"x" * 8, 8)
+        assert not _pipes.drained(b"x" * _pipes.READ_BUFFER_BYTES, 1 << 20)
+        calls.clear()
+        async with trio.open_nursery() as nursery:
+            got: list[bytes] = []
+
+            async def reader() -> None:
+                got.append(await _pipes.read_fd(r, 65536, drained=True))
+
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            assert calls == []  # (waiting, not reading)
+            os.write(w, b"two\n")
+        assert got == [b"two\n"]
+        assert calls == [r]
+        calls.clear()
+        os.write(w, b"three\n")  # (already there: the wait ends at once)
+        assert await _pipes.read_fd(r, 65536, drained=True) == b"three\n"
+        assert calls == [r]
+    finally:
+        os.close(r)
+        os.close(w)

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from acp_bridge import _elide
 from acp_bridge._elide import elide_reference, records_reference, restore_reference
 
+from .fakes import chunk_update
+
 needs_c = pytest.mark.skipif(
     _elide.elide_c is None,
     reason="acp_bridge._scanc is not built (no C compiler at install time): C codec untested",
@@ -35,18 +37,7 @@ CODECS = [
 
 
 def update(text: str, sid: str = "sess_0123456789abcdef") -> bytes:
-    msg = {
-        "jsonrpc": "2.0",
-        "method": "session/update",
-        "params": {
-            "sessionId": sid,
-            "update": {
-                "sessionUpdate": "agent_message_chunk",
-                "content": {"type": "text", "text": text},
-            },
-        },
-    }
-    return orjson.dumps(msg) + b"\n"
+    return orjson.dumps(chunk_update(sid, text)) + b"\n"
 
 
 # --------------------------------------------------------------------------- the format

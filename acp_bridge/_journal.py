@@ -35,6 +35,10 @@ FLUSH_INTERVAL: Final = 0.05
 #: (SQLite stores a large blob as a chain of overflow pages; rows of megabytes cost it about
 #: 1.7 us of CPU per entry here, rows of 64 KiB about 1.1)
 RUN_MAX_BYTES: Final = 64 * 1024
+#: a chunk of this many bytes or more is a row of its own, never joined to the chunks beside
+#: it: the join would copy it into fresh memory (the writer's page faults), dearer than the
+#: index row it saves (a relayed run is a chunk of up to a reader's turn of lines)
+RUN_OWN_BYTES: Final = 4 * 1024
 #: entries handed over by trimmed histories, at most (see the module's notes)
 MAX_BACKLOG: Final = 200_000
 #: retention runs every this many seconds, over the sessions written to since the last pass
@@ -280,11 +284,12 @@ def entry_count(chunks: list[Chunk]) -> int:
 
 def runs(session: str, chunks: list[Chunk], stamp: float) -> list[Row]:
     """
-    Consecutive chunks of a session's history as journal rows: chunks of the same ``live``
-    with no number missing between them joined while the row stays within
-    ``RUN_MAX_BYTES`` (a chunk bigger than that is a row of its own: a run relayed as one
-    slice, about one read of an agent). The store splits a row at its newlines, so a chunk
-    of one entry that does not end with a newline is a row of its own.
+    Consecutive chunks of a session's history as journal rows: small chunks of the same
+    ``live`` with no number missing between them joined while the row stays within
+    ``RUN_MAX_BYTES``; a chunk of ``RUN_OWN_BYTES`` or more is a row of its own (a run
+    relayed as one slice, up to a reader's turn), as it is, not copied. The store splits a
+    row at its newlines, so a chunk of one entry that does not end with a newline is a row
+    of its own.
     """
     rows: list[Row] = []
     pending: list[bytes] = []
@@ -296,6 +301,8 @@ def runs(session: str, chunks: list[Chunk], stamp: float) -> list[Row]:
             live is not row_live
             or first != row_last + 1
             or size + len(data) > RUN_MAX_BYTES
+            or len(data) >= RUN_OWN_BYTES
+            or len(pending[0]) >= RUN_OWN_BYTES
             or not pending[-1].endswith(b"\n")
             or not data.endswith(b"\n")
         ):

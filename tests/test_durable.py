@@ -22,7 +22,7 @@ from acp_bridge import _journal, _store
 from acp_bridge._agent import make_in_process_launcher
 from acp_bridge._audit import AuditLog
 from acp_bridge._bridge import Bridge, serve_client_stream
-from acp_bridge._journal import RUN_MAX_BYTES, Journal, runs
+from acp_bridge._journal import RUN_MAX_BYTES, RUN_OWN_BYTES, Journal, runs
 from acp_bridge._routing import History, SessionState, chunk_lines
 from acp_bridge._store import JournalEntry, SessionRow, open_store
 
@@ -765,18 +765,27 @@ async def test_the_backlog_counts_a_commit_still_being_written():
 
 @hypothesis.given(
     st.lists(
-        st.tuples(st.integers(1, RUN_MAX_BYTES + 100), st.booleans()),
+        st.tuples(
+            st.one_of(st.integers(1, 2 * RUN_OWN_BYTES), st.integers(1, RUN_MAX_BYTES + 100)),
+            st.booleans(),
+        ),
         min_size=1,
         max_size=60,
     ),
     st.integers(1, 10**6),
 )
 @hypothesis.example([(RUN_MAX_BYTES // 2, True)] * 3 + [(RUN_MAX_BYTES, True), (1, True)], 1)
+@hypothesis.example(
+    [(100, True)] * 3
+    + [(RUN_OWN_BYTES, True), (100, True), (RUN_OWN_BYTES - 1, True), (100, True)],
+    1,
+)
 @hypothesis.example([(10, True), (10, False), (10, False), (10, True)], 7)
 def test_journal_rows_are_greedy_runs_of_one_live_flag_up_to_run_max_bytes(shape, first):
     """``runs`` against a plain model: a new row where ``live`` changes, where a number is
-    missing (entries dropped past the backlog bound) or where the next entry would take the
-    row past ``RUN_MAX_BYTES`` (an entry bigger than that alone)."""
+    missing (entries dropped past the backlog bound), where the next entry would take the
+    row past ``RUN_MAX_BYTES`` (an entry bigger than that alone), and around an entry of
+    ``RUN_OWN_BYTES`` or more (a row of its own, not copied into a join)."""
     seqs = itertools.accumulate((1 + (size % 7 == 0) for size, _ in shape), initial=first)
     entries = [
         (seq, b"x" * (size - 1) + b"\n", live)
@@ -790,6 +799,8 @@ def test_journal_rows_are_greedy_runs_of_one_live_flag_up_to_run_max_bytes(shape
             and row[-1][2] == entry[2]
             and row[-1][0] + 1 == entry[0]
             and sum(len(e[1]) for e in row) + len(entry[1]) <= RUN_MAX_BYTES
+            and len(entry[1]) < RUN_OWN_BYTES
+            and len(row[0][1]) < RUN_OWN_BYTES
         ):
             row.append(entry)
         else:

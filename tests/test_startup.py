@@ -265,3 +265,40 @@ async def test_an_early_agent_that_dies_at_once_is_reported_at_initialize(tmp_pa
     assert "exited during initialize (status 3)" in error["message"], error
     assert error["data"]["exitStatus"] == 3
     assert error["data"]["stderrTail"] == ["cannot find my model"]
+
+
+#: Runs ``acp-bridge stdio`` and writes, as it exits, how many objects the cyclic garbage
+#: collector holds frozen (out of its generations).
+RUN_AND_COUNT_FROZEN = """
+import atexit, gc, json, sys
+out = sys.argv.pop(1)
+def dump():
+    with open(out, "w") as f:
+        json.dump(gc.get_freeze_count(), f)
+atexit.register(dump)
+from acp_bridge._cli import main
+raise SystemExit(main())
+"""
+
+
+async def test_what_start_up_made_is_out_of_the_collectors_way(tmp_path):
+    """
+    The modules, classes and configuration made at start-up are frozen (``gc.freeze``): the
+    collector's full passes, which stall the event loop, walk only what the traffic made.
+    """
+    out = tmp_path / "frozen.json"
+    demo = shlex.join([sys.executable, "-m", "acp_bridge", "demo-agent"])
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    argv = [sys.executable, "-c", RUN_AND_COUNT_FROZEN, str(out)]
+    argv += ["stdio", "--agent", f"demo={demo}"]
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            argv,
+            stdin=json.dumps(init).encode() + b"\n",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert json.loads(done.stdout.splitlines()[0])["id"] == 1
+    assert json.loads(out.read_text()) > 10_000  # (trio, attrs, structlog, the bridge...)

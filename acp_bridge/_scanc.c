@@ -230,6 +230,25 @@ number(ptr p, ptr end)
 static ptr object(Line *line, ptr p, int role, int depth);
 static ptr value_end(Line *line, ptr p, int depth);
 
+/* After a container's item, p just past it (NULL: the item was not valid): past `close`,
+ * with *closed set; or past the comma and the blanks before the next item; else NULL */
+static inline ptr
+after_item(ptr p, ptr end, char close, int *closed)
+{
+    if (p == NULL)
+        return NULL;
+    p = skip_ws(p, end);
+    if (p >= end)
+        return NULL;
+    if (*p == close) {
+        *closed = 1;
+        return p + 1;
+    }
+    if (*p != ',')
+        return NULL;
+    return skip_ws(p + 1, end);
+}
+
 static ptr
 array(Line *line, ptr p, int depth)
 {
@@ -240,17 +259,10 @@ array(Line *line, ptr p, int depth)
     if (p < end && *p == ']')
         return p + 1;
     for (;;) {
-        p = value_end(line, p, depth);
-        if (p == NULL)
-            return NULL;
-        p = skip_ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == ']')
-            return p + 1;
-        if (*p != ',')
-            return NULL;
-        p = skip_ws(p + 1, end);
+        int closed = 0;
+        p = after_item(value_end(line, p, depth), end, ']', &closed);
+        if (p == NULL || closed)
+            return p;
     }
 }
 
@@ -414,16 +426,10 @@ object(Line *line, ptr p, int role, int depth)
         default:
             p = value_end(line, p, depth);
         }
-        if (p == NULL)
-            return NULL;
-        p = skip_ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == '}')
-            return p + 1;
-        if (*p != ',')
-            return NULL;
-        p = skip_ws(p + 1, end);
+        int closed = 0;
+        p = after_item(p, end, '}', &closed);
+        if (p == NULL || closed)
+            return p;
     }
 }
 

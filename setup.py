@@ -1,9 +1,9 @@
 """
 The build's one piece that pyproject.toml cannot say: the optional C extension.
 
-``acp_bridge._scanc`` (the line scanner, issue 23 item 1) is compiled at install time when a C
+``acp_bridge.protocol.scanc`` (the line scanner, issue 23 item 1) is compiled at install time when a C
 compiler and the Python headers are there; ``optional=True`` makes a failed compile a warning,
-not a failed install, and ``acp_bridge._scan`` then uses its pure-Python reference. Everything
+not a failed install, and ``acp_bridge.protocol.scan`` then uses its pure-Python reference. Everything
 else (metadata, the script, the package data) is in pyproject.toml.
 """
 
@@ -14,8 +14,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "acp_bridge._scanc",
-            sources=["acp_bridge/_scanc.c"],
+            "acp_bridge.protocol.scanc",
+            sources=["acp_bridge/protocol/scanc.c"],
             extra_compile_args=["-O2"],
             optional=True,
         )

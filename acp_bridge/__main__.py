@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from acp_bridge._cli import main
+from acp_bridge.cli.main import main
 
 raise SystemExit(main())

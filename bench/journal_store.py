@@ -22,8 +22,8 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
-from acp_bridge._journal import RUN_MAX_BYTES
-from acp_bridge._store import MIGRATIONS, open_store
+from acp_bridge.engine.journal import RUN_MAX_BYTES
+from acp_bridge.store.db import MIGRATIONS, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable

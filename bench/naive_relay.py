@@ -19,7 +19,7 @@ import sys
 
 import trio
 
-from acp_bridge._jsonrpc import loads
+from acp_bridge.protocol.jsonrpc import loads
 
 READ = 64 * 1024
 

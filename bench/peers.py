@@ -8,7 +8,7 @@ The bridge's peers in the benchmark: other programs that sit between an ACP clie
 - the thinkwell conductor (npm ``@thinkwell/conductor``): an ACP proxy chain, run here with no
   proxies in front of the agent (``bench/conductor_stdio.mjs``: the package has no command).
 
-Both are pinned in ``tests/peers/node/package.json`` and installed into ``.node-peers/`` by
+Both are pinned in ``tests/support/peers/node/package.json`` and installed into ``.node-peers/`` by
 ``./scripts/bench`` and ``./scripts/test``. A peer that is not there cannot be measured:
 :func:`peer_argv` raises :class:`PeerUnavailable` saying why, and the table says so.
 """
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-PINS = ROOT / "tests" / "peers" / "node" / "package.json"
+PINS = ROOT / "tests" / "support" / "peers" / "node" / "package.json"
 NODE_MODULES = ROOT / ".node-peers" / "node_modules"
 CONDUCTOR_MAIN = Path(__file__).with_name("conductor_stdio.mjs")
 
@@ -42,7 +42,7 @@ class PeerUnavailable(Exception):
 
 
 def pinned(package: str) -> str:
-    """The version ``package`` is pinned at (``tests/peers/node/package.json``)."""
+    """The version ``package`` is pinned at (``tests/support/peers/node/package.json``)."""
     deps: dict[str, str] = json.loads(PINS.read_text())["dependencies"]
     return deps[package]
 

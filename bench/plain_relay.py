@@ -20,7 +20,7 @@ import select
 import subprocess
 import sys
 
-from acp_bridge._jsonrpc import loads
+from acp_bridge.protocol.jsonrpc import loads
 
 READ = 64 * 1024
 

@@ -50,20 +50,21 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("line split and scan", r"\(.*acp_bridge/_(framing|scan)\.py|^scan "),
         (
             "pipe read (system call)",
-            r"^(\w+\.)?(receive_some|read_now) .*(acp_bridge/_pipes|trio/_unix_pipes)",
+            r"^(\w+\.)?(receive_some|read_now) .*(acp_bridge/runtime/pipes|trio/_unix_pipes)",
         ),
         (
             "pipe write (system call)",
             r"^(\w+\.)?(write_now|send_all) "
-            r".*(acp_bridge/_pipes|trio/_unix_pipes)",
+            r".*(acp_bridge/runtime/pipes|trio/_unix_pipes)",
         ),
         ("history and journal notes", r"\(.*acp_bridge/(_routing|_journal)\.py"),
         (
             "relay: routing, client queue",
             r"^(Relay\.(relay_run|_relay_part|relay_update|record_update|reader|_reader_turn) "
-            r".*acp_bridge/_relay"
-            r"|_after_lines .*acp_bridge/_relay"
-            r"|ClientLink\.(put_run|put_update|_put|_take|pump|has_room|room) .*acp_bridge/_links)",
+            r".*acp_bridge/engine/relay"
+            r"|_after_lines .*acp_bridge/engine/relay"
+            r"|ClientLink\.(put_run|put_update|_put|_take|pump|has_room|room)"
+            r" .*acp_bridge/engine/links)",
         ),
         ("other bridge code", r"\(.*acp_bridge/"),
         ("trio scheduler", r"\(.*trio/"),

@@ -564,7 +564,7 @@ def memory(s: Settings, scratch: Path) -> dict[str, Any]:
                 assert rss is not None
                 after.append(rss)
                 # Settled: past the bridge's quiet second after a burst, when it gives freed
-                # heap back (glibc; see acp_bridge/_heap.py) and its journal has caught up.
+                # heap back (glibc; see acp_bridge/runtime/heap.py) and its journal has caught up.
                 time.sleep(SETTLE_S)
                 rss = t.rss()
                 assert rss is not None
@@ -731,7 +731,7 @@ def parse_args(argv: list[str] | None) -> Settings:
             print(
                 f"bench: --compare {a.compare}: its C line scanner is not built, so it runs "
                 "the pure-Python one; build it there first: pip wheel --no-deps -w W DIR, "
-                "then unzip -j W/*.whl 'acp_bridge/_scanc*' -d DIR/acp_bridge",
+                "then unzip -j W/*.whl 'acp_bridge/protocol/scanc*' -d DIR/acp_bridge",
                 file=sys.stderr,
             )
     q = a.quick

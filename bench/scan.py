@@ -1,7 +1,7 @@
 """
-The line scanner's cost per line (issue 23 item 1): ``acp_bridge._scan``'s C scanner, its
+The line scanner's cost per line (issue 23 item 1): ``acp_bridge.protocol.scan``'s C scanner, its
 pure-Python reference, and what the agent reader did before it (LineDecoder plus one
-``_jsonrpc.loads`` per line), on one realistic read of an agent's stdout.
+``protocol.jsonrpc.loads`` per line), on one realistic read of an agent's stdout.
 
     python -m bench.scan [--lines N] [--repeat R]
 
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from acp_bridge import _scan
-from acp_bridge._framing import LineDecoder
-from acp_bridge._jsonrpc import loads
+from acp_bridge.protocol import scan
+from acp_bridge.protocol.framing import LineDecoder
+from acp_bridge.protocol.jsonrpc import loads
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -83,15 +83,15 @@ def main(argv: list[str] | None = None) -> None:
     block = realistic_block(args.lines)
     n = args.lines
     print(f"{n} lines, {len(block) / n:.0f} bytes per line on average")
-    if _scan.scan_c is not None:
-        scan_c = _scan.scan_c
+    if scan.scan_c is not None:
+        scan_c = scan.scan_c
         whole = sys.maxsize  # (no cut into runs: the scan alone)
-        assert scan_c(block, MAX_LINE, whole) == _scan.scan_reference(block, MAX_LINE)
+        assert scan_c(block, MAX_LINE, whole) == scan.scan_reference(block, MAX_LINE)
         c = best_ns(lambda: scan_c(block, MAX_LINE, whole), args.repeat)
         print(f"C scanner:          {c / n:8.1f} ns/line")
     else:
         print("C scanner:          not built (no compiler at install time)")
-    ref = best_ns(lambda: _scan.scan_reference(block, MAX_LINE), max(3, args.repeat // 5))
+    ref = best_ns(lambda: scan.scan_reference(block, MAX_LINE), max(3, args.repeat // 5))
     print(f"reference scanner:  {ref / n:8.1f} ns/line")
     old = best_ns(lambda: per_line_loads(block), max(3, args.repeat // 5))
     print(f"per-line loads:     {old / n:8.1f} ns/line")

@@ -13,7 +13,7 @@ stamp="$venv/.acp-bridge-installed"
 # rebuilds it. The editable install is setuptools' "compat" mode: the checkout's root on
 # sys.path, as hatchling's editable install had it, so that `python -m bench.x` runs from any
 # directory; the C extension is built in place in either mode.
-want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/acp_bridge/_scanc.c" "${BASH_SOURCE[0]}" |
+want="$(cat "$root/pyproject.toml" "$root/setup.py" "$root/acp_bridge/protocol/scanc.c" "${BASH_SOURCE[0]}" |
     sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "bootstrap: installing acp-bridge and its test dependencies into .venv" >&2

@@ -1,6 +1,6 @@
 # Sourced by scripts/test: Debian packages some tests run against (OpenSSH's server and client
-# for the remote-agent tests, tests/test_remote.py; Chromium for the approval console's browser
-# tests, tests/test_console_browser.py, driven by Playwright). Installed only when missing, and only when
+# for the remote-agent tests, tests/interop/test_remote.py; Chromium for the approval console's browser
+# tests, tests/interop/test_console_browser.py, driven by Playwright). Installed only when missing, and only when
 # running as root with apt-get (CI: root on a fresh machine); otherwise a notice, and those
 # tests are skipped with the reason.
 debian_peers_missing=()

@@ -1,11 +1,11 @@
 # Sourced by scripts/test after _bootstrap.sh: install the npm test peers pinned in
-# tests/peers/node (package.json and its package-lock.json) into .node-peers/ (gitignored).
+# tests/support/peers/node (package.json and its package-lock.json) into .node-peers/ (gitignored).
 # Re-installs only when either file changed since the last install (a stamp, like the venv's).
 #
 # Without node or npm: a one-line notice; the tests that need a peer then skip with a reason.
 # With them, a failed install stops the run (exit 1): CI and developers with node must run the
 # interop tests, and a skip there would turn a broken install into a green run.
-peers_src="$root/tests/peers/node"
+peers_src="$root/tests/support/peers/node"
 peers_dir="$root/.node-peers"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     echo "bootstrap: node or npm is not on PATH; the npm interop tests (docs/interop.md) will be skipped" >&2

@@ -19,9 +19,10 @@ import tomllib
 import attrs
 import pytest
 
-from acp_bridge import _config, _policy
-from acp_bridge._cli import build_parser
-from acp_bridge._config import parse_config, parse_policy
+from acp_bridge.cli.main import build_parser
+from acp_bridge.config import model as config
+from acp_bridge.config.model import parse_config, parse_policy
+from acp_bridge.policy import rules as policy
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = ROOT / "README.md"
@@ -198,15 +199,15 @@ def test_every_option_is_documented():
 def _config_keys() -> list[str]:
     keys = []
     for table, cls in (
-        ("bridge", _config.BridgeConfig),
-        ("websocket", _config.WebSocketConfig),
-        ("store", _config.StoreConfig),
-        ("agents.NAME", _config.AgentConfig),
-        ("subagents", _config.SubagentsConfig),
+        ("bridge", config.BridgeConfig),
+        ("websocket", config.WebSocketConfig),
+        ("store", config.StoreConfig),
+        ("agents.NAME", config.AgentConfig),
+        ("subagents", config.SubagentsConfig),
     ):
         keys += [f"{table}.{f.name}" for f in attrs.fields(cls) if f.name != "name"]
-    keys += [f"policy.{k}" for k in _policy._POLICY_KEYS]
-    keys += [f"policy.rules.{k}" for k in _policy._RULE_KEYS]
+    keys += [f"policy.{k}" for k in policy._POLICY_KEYS]
+    keys += [f"policy.rules.{k}" for k in policy._RULE_KEYS]
     return keys
 
 

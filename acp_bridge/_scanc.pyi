@@ -1,9 +1,0 @@
-# The C line scanner and the journal's run codec (acp_bridge/_scanc.c); acp_bridge._scan and
-# acp_bridge._elide are their interfaces and their docs.
-from typing import Any
-
-def scan(
-    block: bytes, max_line: int, setup_kinds: tuple[bytes, ...], max_run: int = ..., /
-) -> list[tuple[Any, ...]]: ...
-def elide(data: bytes, /) -> bytes | None: ...
-def restore(blob: bytes, size: int, /) -> bytes: ...

@@ -1,0 +1,376 @@
+"""
+Sessions coming and going: a client connection ends and its sessions detach; a detached
+session expires or is taken back (``session/load`` / ``session/resume`` replayed from the
+bridge's history, or from the journal after a restart); a session is forgotten.
+
+The decisions over the session table are pure (``sessions.transitions``); this service runs them and
+does the sending, the waiting and the timers.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from acp_bridge.engine.approvals import Ask, park
+from acp_bridge.engine.links import AgentLink, AgentState
+from acp_bridge.protocol import jsonrpc as rpc
+from acp_bridge.protocol.capabilities import has_session_cap
+from acp_bridge.protocol.jsonrpc import RESOURCE_NOT_FOUND, JsonRpcError, dumps
+from acp_bridge.protocol.wire import bridge_meta
+from acp_bridge.sessions import transitions
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from acp_bridge.engine.hub import Hub
+    from acp_bridge.engine.links import ClientLink
+    from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcId
+    from acp_bridge.sessions.table import Forwarded, Session
+
+
+class SendLog(Protocol):
+    """``Bridge.send_log``: a ``_acp_bridge/log`` notification to one client."""
+
+    def __call__(
+        self,
+        client: ClientLink,
+        level: str,
+        message: str,
+        *,
+        session: Session | None = None,
+        **data: Any,
+    ) -> Awaitable[None]: ...
+
+
+class AgentLog(Protocol):
+    """``Bridge.agent_log``: a diagnostic about an agent, to the clients of its sessions."""
+
+    def __call__(
+        self, agent: AgentLink, level: str, message: str, *, stream: str | None
+    ) -> Awaitable[None]: ...
+
+
+class Reattach:
+    """
+    Detach, expire, forget; attach, take over, reattach with replay.
+
+    Args:
+        hub: the shared state.
+        answer_unattended: answers an agent's request nobody can answer (a permission
+            denied through the rules, anything else an error).
+        internal_request: sends a request of the bridge's own to an agent, returns its result.
+        agent_log, send_log: the ``_acp_bridge/log`` channel (about an agent; to one client).
+        show_approval: shows a parked permission request to a client (``Approvals.show``).
+        forget_client: drops what the approvals remember of a connection.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        answer_unattended: Callable[[Forwarded, str], Awaitable[None]],
+        internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
+        agent_log: AgentLog,
+        send_log: SendLog,
+        show_approval: Callable[[Forwarded, ClientLink], Awaitable[None]],
+        forget_client: Callable[[ClientLink], None],
+    ) -> None:
+        self._hub = hub
+        self._agents = hub.agents
+        self._sessions = hub.sessions
+        self._deadlines = hub.deadlines
+        self._answer_unattended = answer_unattended
+        self._internal_request = internal_request
+        self._agent_log = agent_log
+        self._send_log = send_log
+        self._show_approval = show_approval
+        self._forget_client = forget_client
+
+    # ------------------------------------------------------------------ letting go
+
+    async def close_client(self, client: ClientLink, reason: str) -> None:
+        """
+        The client is gone: its sessions detach for ``detach_grace`` seconds.
+
+        Agents keep working; what they relay is kept in each session's history. Requests the
+        agents had made of this client are parked and shown again to the connection that
+        takes the session back, or answered as unattended when the grace period ends.
+        """
+        client.close(reason)
+        self._hub.clients.discard(client)
+        for _, entry in client.pending.drain():
+            agent = entry.origin
+            assert isinstance(agent, AgentLink)
+            agent.inflight.pop(entry.origin_id, None)
+            if entry.session is not None and entry.session.client is client:
+                park(entry)
+            else:
+                await self._answer_unattended(entry, "client_gone")
+        # The client's own requests stay out at the agents: their answers go to whoever
+        # takes the session back (same ids: what the attach shim relies on), else nowhere.
+        client.inflight.clear()
+        for session in self._sessions:
+            if session.client is client:
+                await self.detach(session)
+        self._forget_client(client)
+
+    async def detach(self, session: Session) -> None:
+        if self._hub.config.bridge.detach_grace <= 0:
+            transitions.let_go(session, None)
+            await self._expire(session)
+            return
+        self.schedule_detach(session)
+
+    def schedule_detach(self, session: Session) -> None:
+        """Nobody owns the session now: it lives ``detach_grace`` seconds more, unless taken."""
+        grace = self._hub.config.bridge.detach_grace
+        transitions.let_go(session, trio.current_time() + max(grace, 0.0))
+        assert session.detach_deadline is not None
+        session.log.info("session_detached", grace=grace)
+        self._deadlines.schedule(
+            ("detach", session), session.detach_deadline, functools.partial(self._expire, session)
+        )
+
+    async def _expire(self, session: Session) -> None:
+        """Nobody took the session back in time: settle what waits on it, close it."""
+        session.detach_deadline = None
+        agent = self._agents[session.agent]
+        for entry in list(session.parked):
+            await self._answer_unattended(entry, "grace")
+        session.parked.clear()
+        ours = self._sessions.owns_agent_id(session)  # (not if its id went to a new session)
+        self.close_session(session)
+        session.log.info("session_closed_after_grace")
+        await self._agent_log(
+            agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
+        )
+        if agent.state is AgentState.READY and ours and not self._hub.stopping:
+            # (Stopping: the agents go with the bridge; nothing more is started.)
+            if has_session_cap(agent.capabilities, "close"):
+                self._hub.spawn(self._close_quietly, agent, session.agent_id)
+            else:
+                agent.send_nowait(
+                    dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
+                )
+
+    async def _close_quietly(self, agent: AgentLink, agent_sid: str) -> None:
+        try:
+            await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
+        except JsonRpcError as exc:
+            self._hub.log.warning("session_close_failed", agent=agent.name, error=exc.message)
+
+    def close_session(self, session: Session, *, delete: bool = False) -> None:
+        """A session ends here: out of the table, then :meth:`forget` (closed, or deleted)."""
+        self._sessions.remove(session)
+        self.forget(session, delete=delete)
+
+    def forget(self, session: Session, *, delete: bool = False) -> None:
+        """A closed session: marked closed in the store (its journal kept); deleted: gone."""
+        # (A grace period that was running must not close it a second time; its cancel
+        # deadline is left to answer prompts the agent may still hold.)
+        self._deadlines.cancel(("detach", session))
+        journal = self._hub.journal
+        if journal is not None:
+            if delete:
+                journal.delete(session.bridge_id)
+            else:
+                self._hub.persist(session, "closed")
+                # Kept for sessions export: a new session given its id must not write over it.
+                self._sessions.keep(session.bridge_id, session.agent, session.agent_id)
+
+    # ------------------------------------------------------------------ taking back
+
+    def take_ownership(self, session: Session, client: ClientLink) -> transitions.Takeover:
+        """
+        Make ``client`` the session's owner (synchronous: nothing may slip in between); see
+        :func:`~acp_bridge.sessions.transitions.take_ownership`. The agent requests a taken-over
+        owner
+        was shown are parked for the new one.
+        """
+        self._deadlines.cancel(("detach", session))
+        agent = self._agents[session.agent]
+        takeover = transitions.take_ownership(session, client, agent, agent.pending)
+        for shown in takeover.shown:
+            park(shown)
+        return takeover
+
+    #: answers held while nobody was attached, up to a history position (pure)
+    take_held = staticmethod(transitions.take_held)
+
+    async def present_parked(self, session: Session, client: ClientLink) -> None:
+        """Show the new owner the agent requests that were waiting on the old one."""
+        for entry in transitions.take_parked(session, client.pending):
+            if isinstance(entry.extra, Ask):
+                await self._show_approval(entry, client)
+                continue
+            agent = entry.origin
+            assert isinstance(agent, AgentLink)
+            client_id = client.pending.add(entry)
+            agent.inflight[entry.origin_id] = (client, client_id)
+            if entry.method == "session/request_permission":
+                session.pending_permissions.add(client_id)
+            await client.send(dumps(rpc.request(client_id, entry.method, entry.context)))
+
+    async def attach(self, session: Session, client: ClientLink) -> None:
+        """``client`` owns ``session`` now: a previous owner is told, what waited is sent."""
+        takeover = self.take_ownership(session, client)
+        previous: ClientLink | None = takeover.previous
+        if previous is not None:
+            session.log.info("session_taken_over")
+            gone = JsonRpcError.cancelled("session taken over by another connection")
+            for origin_id in takeover.moved:
+                await previous.send(dumps(rpc.error(origin_id, gone)))
+            await self._send_log(
+                previous,
+                "warning",
+                "session taken over by another connection; this one no longer receives it",
+                session=session,
+            )
+        for data in transitions.take_held(session, float("inf")):
+            await client.send(data)
+        await self.present_parked(session, client)
+
+    async def reattach(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        """
+        ``session/load`` / ``session/resume`` of a live session, served by the bridge.
+
+        load replays the session's history, then answers; with
+        ``_meta.acp_bridge.after_seq: N`` it replays only what the live stream carried after
+        update N (a catch-up: not the user's own prompts). resume answers at once. Either way
+        the client becomes the owner, agent requests waiting on a previous connection are
+        shown to it, and the answer's ``_meta.acp_bridge`` says ``lastSeq``, whether the
+        replay is ``complete``, and which of the client's requests (``pending``: ids) are
+        still to be answered on this connection.
+        """
+        load = msg["method"] == "session/load"
+        requested = bridge_meta(params).get("after_seq") if load else None
+        if requested is not None and (type(requested) is not int or requested < 0):
+            raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
+        catch_up = requested is not None
+        after: int = requested or 0
+        history = self._hub.history(session)
+        take_held = transitions.take_held
+        complete = True
+        if load:
+            entries, complete = history.after(after, live_only=catch_up)
+            for data in take_held(session, after):
+                await client.send_wait(data)
+            for seq, data in entries:
+                await client.send_wait(self.stamped(client, seq, data))
+                after = seq
+                for held in take_held(session, seq):
+                    await client.send_wait(held)
+        else:
+            after = history.last_seq  # resume: no replay
+        result: JsonObject = dict(session.setup)
+        result["_meta"] = {
+            "acp_bridge": {
+                "lastSeq": history.last_seq,
+                "complete": complete,
+                "pending": self._answers_owed(session, client),
+            }
+        }
+        await client.send_wait(dumps(rpc.result(msg["id"], result)))
+        # Updates that came in meanwhile were kept, not sent: send them, then switch the live
+        # stream over with no await in between (nothing lost, nothing twice).
+        while history.last_seq > after:
+            entries, caught_up = history.after(after, live_only=catch_up)
+            complete = complete and caught_up
+            if not entries:
+                break
+            for seq, data in entries:
+                await client.send_wait(self.stamped(client, seq, data))
+                after = seq
+                for held in take_held(session, seq):
+                    await client.send_wait(held)
+        if not complete:
+            await self._send_log(
+                client,
+                "warning",
+                "history was trimmed: the replay is missing older updates (resync required)",
+                session=session,
+                firstSeq=history.first_seq,
+            )
+        await self.attach(session, client)
+
+    def _answers_owed(self, session: Session, client: ClientLink) -> list[JsonRpcId]:
+        """Ids of requests whose answers will go to ``client`` once it owns the session."""
+        return transitions.answers_owed(session, client, self._agents[session.agent].pending)
+
+    @staticmethod
+    def stamped(client: ClientLink, seq: int, data: bytes) -> bytes:
+        """A history entry as this client gets it (with its seq number if it opted in)."""
+        return transitions.stamped(client.want_seq, seq, data)
+
+    async def replay_journal(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        reason: str,
+    ) -> None:
+        """
+        A stored session its agent cannot continue (``reason``), loaded by a client that
+        asked for journal replays: the journal's updates, then an answer saying so.
+
+        Raises:
+            JsonRpcError: the client did not ask for journal replays (-32002, the reason).
+        """
+        journal = self._hub.journal
+        assert journal is not None
+        self._hub.unrestorable[session.bridge_id] = reason
+        if bridge_meta(params).get("journal_replay") is not True:
+            # A stock client takes success for "the session goes on" (acpx then never falls
+            # back to session/new, and every prompt fails): only a client that asked for
+            # journal replays gets one.
+            raise JsonRpcError(
+                RESOURCE_NOT_FOUND,
+                f"session {session.bridge_id!r} cannot be restored: {reason} (its updates can "
+                "be replayed from the bridge's journal: _meta.acp_bridge.journal_replay)",
+                {"sessionId": session.bridge_id, "reason": reason},
+            )
+        after = bridge_meta(params).get("after_seq")
+        catch_up = type(after) is int
+        start = after if type(after) is int and after > 0 else 0
+        await journal.moved(session.bridge_id)  # (a move aside is in the store)
+        entries = await trio.to_thread.run_sync(
+            functools.partial(
+                journal.store.journal, session.bridge_id, after_seq=start, live_only=catch_up
+            )
+        )
+        expected = start + 1
+        complete = session.bridge_id not in journal.gaps
+        for entry in entries:
+            if entry.seq != expected and entry.live:
+                complete = False
+            expected = entry.seq + 1
+            await client.send_wait(
+                transitions.from_journal(client.want_seq, session.bridge_id, entry.seq, entry.data)
+            )
+        if entries and start and entries[0].seq > start + 1 and not catch_up:
+            complete = False
+        answer: JsonObject = dict(session.setup)
+        answer["_meta"] = {
+            "acp_bridge": {
+                "restored": False,
+                "reason": reason,
+                "lastSeq": self._hub.history(session).last_seq,
+                "complete": complete,
+            }
+        }
+        await client.send_wait(dumps(rpc.result(msg["id"], answer)))
+        await self._send_log(
+            client,
+            "warning",
+            f"session replayed from the bridge's journal; the agent cannot continue it ({reason})",
+            session=session,
+        )
+
+
+__all__ = ["AgentLog", "Reattach", "SendLog"]

@@ -1,0 +1,274 @@
+"""
+A client's requests on a session it names (``session/prompt``, ``load``, ``resume``,
+``close``, ``set_mode``, ...), and :meth:`SessionRequests.forward`, the last step of every
+client request that goes to an agent.
+
+A client's ``session/prompt`` reaches its agent in four steps:
+
+1. ``FromClient.line`` (``engine.from_client``) decodes the line, and ``FromClient._request``
+   dispatches it by method to
+2. :meth:`SessionRequests.request`: the session looked up by ``sessionId``, its state and its
+   owning connection checked (a stored, ended or elsewhere-owned session is served here or
+   refused);
+3. :meth:`SessionRequests.forward_session_request`: gated on the agent's capabilities, the
+   prompt's content checked and recorded for replay;
+4. :meth:`SessionRequests.forward`: a bridge id minted, the request put on the agent's queue
+   (``AgentLink.send_nowait``). The agent's answer comes back through ``_agent_response``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Protocol
+
+from acp_bridge.config import remote
+from acp_bridge.engine.links import AgentState
+from acp_bridge.protocol import jsonrpc as rpc
+from acp_bridge.protocol.capabilities import (
+    LOOK_ONLY_METHODS,
+    SESSION_METHODS,
+    check_prompt_content,
+    has_session_cap,
+)
+from acp_bridge.protocol.jsonrpc import (
+    INTERNAL_ERROR,
+    JsonObject,
+    JsonRpcError,
+    dumps,
+    params_of,
+)
+from acp_bridge.protocol.wire import attached_elsewhere
+from acp_bridge.sessions.table import Forwarded, Session, SessionState, Setup, roots_of
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from acp_bridge.engine.hub import Hub, WhenReady
+    from acp_bridge.engine.links import AgentLink, ClientLink
+
+
+class Forget(Protocol):
+    """Forget a closed session (``delete``: its journal too)."""
+
+    def __call__(self, session: Session, *, delete: bool = False) -> None: ...
+
+
+class UndoForward(Protocol):
+    """The bookkeeping when a forwarded request ends (here: it never went out)."""
+
+    def __call__(
+        self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
+    ) -> list[bytes]: ...
+
+
+class SessionRequests:
+    """
+    Requests on an existing session, from a client to the session's agent.
+
+    Takes from the other groups (wired by the Bridge): ``when_ready`` (start the agent, then go on),
+    ``undo_forward`` (the pending entry's bookkeeping), ``load_unknown``, ``stored_request``,
+    ``reused_request``, ``reattach``, ``attach``, ``close_session`` (sessions coming and going),
+    ``settle_permissions`` (a closed session's open approvals) and ``offer`` (the bridge's
+    MCP server added to a session being opened: ``Subagents.offer``).
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        when_ready: WhenReady,
+        undo_forward: UndoForward,
+        load_unknown: Callable[[ClientLink, JsonObject, JsonObject, str], Awaitable[None]],
+        stored_request: Callable[
+            [ClientLink, JsonObject, JsonObject, Session, AgentLink], Awaitable[None]
+        ],
+        reused_request: Callable[[ClientLink, JsonObject, Session], Awaitable[None]],
+        reattach: Callable[[ClientLink, JsonObject, JsonObject, Session], Awaitable[None]],
+        attach: Callable[[Session, ClientLink], Awaitable[None]],
+        close_session: Forget,
+        settle_permissions: Callable[[Session, str, str], Awaitable[None]],
+        offer: Callable[[AgentLink, str, JsonObject, Session | None], Awaitable[object]]
+        | None = None,
+    ) -> None:
+        self._hub = hub
+        self._reply_error = hub.reply_error
+        self._agents = hub.agents
+        self._sessions = hub.sessions
+        self._when_ready = when_ready
+        self._undo_forward = undo_forward
+        self._load_unknown = load_unknown
+        self._stored_request = stored_request
+        self._reused_request = reused_request
+        self._reattach = reattach
+        self._attach = attach
+        self._close_session = close_session
+        self._settle_permissions = settle_permissions
+        self._offer = offer
+
+    async def request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
+        """
+        Step 2 of a prompt's way (see the module): route a request by its ``sessionId``.
+
+        Unknown ids (a load or resume asks the agent; delete is fine), sessions only in the
+        store, ended ones, reattaching loads and closes the agent cannot do are served or
+        refused here; another connection's session is refused; an agent still starting is
+        waited for in a task of its own. Anything else goes on to
+        :meth:`forward_session_request`.
+
+        Raises:
+            JsonRpcError: answered to the client under the request's id by the caller.
+        """
+        method: str = msg["method"]
+        sid = params.get("sessionId")
+        if not isinstance(sid, str):
+            raise JsonRpcError.invalid_params("sessionId must be a string")
+        session = self._sessions.get(sid)
+        if session is None:
+            if method in ("session/load", "session/resume"):
+                await self._load_unknown(client, msg, params, sid)
+                return
+            if method == "session/delete":
+                await client.send(dumps(rpc.result(msg["id"], {})))  # unknown: silently fine
+                return
+            raise JsonRpcError.resource_not_found(f"unknown session {sid!r}")
+        if session.parent is not None:
+            # The subagents RFD: a client does not drive a child; its parent does.
+            raise JsonRpcError.invalid_params(
+                f"session {sid!r} is a sub-agent of {session.parent!r}: its parent drives it"
+            )
+        owner = session.client
+        elsewhere = owner is not None and owner is not client and not owner.closed
+        if elsewhere and method not in ("session/load", "session/resume"):
+            # Only the owner acts on a session (close and delete above all: the bridge serves
+            # them itself for most agents); another connection must take it over first.
+            raise attached_elsewhere(sid)
+        agent = self._agents[session.agent]
+        if session.state is SessionState.STORED:
+            await self._stored_request(client, msg, params, session, agent)
+            return
+        if session.state is SessionState.ENDED and not self._sessions.owns_agent_id(session):
+            await self._reused_request(client, msg, session)
+            return
+        live = session.state is SessionState.ACTIVE and agent.state is AgentState.READY
+        if live and method in ("session/load", "session/resume"):
+            await self._reattach(client, msg, params, session)
+            return
+        if (
+            live
+            and method in ("session/close", "session/delete")
+            and not has_session_cap(agent.capabilities, method.removeprefix("session/"))
+        ):
+            await self._close_without_agent(client, msg, session, agent)
+            return
+        if elsewhere:  # a load or resume that the bridge cannot serve as a takeover
+            raise attached_elsewhere(sid)
+        if owner is None and live and method not in LOOK_ONLY_METHODS:
+            await self._attach(session, client)
+        if agent.state is not AgentState.READY:
+            if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
+                then = functools.partial(
+                    self.forward_session_request, client, msg, params, session, agent
+                )
+                self._when_ready(client, msg["id"], agent, then)
+                return
+            raise JsonRpcError(
+                INTERNAL_ERROR,
+                f"session {sid!r} ended: agent {agent.name!r} is {agent.state.value}",
+                agent.failure_data(),
+            )
+        await self.forward_session_request(client, msg, params, session, agent)
+
+    async def forward_session_request(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        agent: AgentLink,
+    ) -> None:
+        """
+        Step 3: a request on ``session`` to its ``agent``, which is ready. Gated on the
+        agent's capabilities (-32601); a prompt's content checked and the prompt recorded
+        in the history; a load's, resume's or fork's setup trimmed to what the agent takes.
+        The session id becomes the agent's own, then :meth:`forward`.
+        """
+        method: str = msg["method"]
+        gate = SESSION_METHODS.get(method)
+        if gate is not None and not gate(agent.capabilities):
+            raise JsonRpcError.method_not_found(
+                method, f"agent {agent.name!r} does not support {method}"
+            )
+        if method == "session/prompt":
+            check_prompt_content(agent.name, agent.capabilities, params)
+            self._hub.remember_prompt(session, params.get("prompt"))
+        elif method in ("session/load", "session/resume", "session/fork"):
+            self._hub.redactor.add_mcp_servers(params.get("mcpServers"))
+            self._hub.strip_setup(agent, params)
+            if method == "session/load":
+                # Replayed updates arrive before the response: route them already.
+                previous = (session.state, session.client)
+                session.state = SessionState.LOADING
+                session.client = client
+                await self.forward(client, msg, agent, session, previous)
+                return
+        if session.client is None and method not in LOOK_ONLY_METHODS:
+            session.client = client
+        if session.rewrite:
+            params["sessionId"] = session.agent_id
+        setup = None
+        if method == "session/fork":
+            setup = Setup(roots_of(params) or session.roots, session.unattended)
+        await self.forward(client, msg, agent, session, setup)
+
+    async def forward(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        agent: AgentLink,
+        session: Session | None,
+        context: Any = None,
+    ) -> None:
+        """
+        Step 4, the last of every client request that goes to an agent (session/new,
+        authenticate and connection-scoped requests come here from ``FromClient``): send it
+        under a bridge id, remembered in ``agent.pending`` with ``context`` for the response's
+        bookkeeping; the client's id goes back on the response.
+
+        Raises:
+            JsonRpcError: the agent's queue is full or it is not running (never waits).
+        """
+        origin_id = msg["id"]
+        entry = Forwarded(client, origin_id, msg["method"], session, context)
+        if self._offer is not None:
+            # The bridge's own MCP server, offered to the session being opened (docs/subagents)
+            entry.extra = await self._offer(agent, msg["method"], params_of(msg), session)
+        bridge_id = agent.pending.add(entry)
+        msg["id"] = bridge_id
+        remote.map_to_agent(agent.config, msg["method"], params_of(msg))
+        if not agent.send_nowait(dumps(msg)):
+            agent.pending.pop(bridge_id)
+            self._undo_forward(agent, entry, ok=False)
+            msg["id"] = origin_id  # the error goes back under the client's own id
+            raise JsonRpcError(
+                INTERNAL_ERROR,
+                f"agent {agent.name!r} is not accepting input (queue full or not running)",
+                agent.failure_data(),
+            )
+        client.inflight[origin_id] = (agent, bridge_id)
+
+    async def _close_without_agent(
+        self, client: ClientLink, msg: JsonObject, session: Session, agent: AgentLink
+    ) -> None:
+        """
+        ``session/close`` (or ``delete``) for an agent without it: cancel its work, forget the
+        session (delete: its journal too).
+        """
+        agent.send_nowait(
+            dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
+        )
+        await self._settle_permissions(session, "cancelled", "close")
+        self._close_session(session, delete=msg["method"] == "session/delete")
+        await client.send(dumps(rpc.result(msg["id"], {})))
+
+
+__all__ = ["SessionRequests"]

@@ -1,0 +1,545 @@
+"""
+Sub-agents (docs/subagents.md): the bridge's side of the ``acp-bridge`` MCP
+server. :class:`Subagents` is the :class:`~acp_bridge.mcp.tools.SubagentHost` the tools run
+on, and offers the server to every agent session the bridge opens.
+
+A child is an ordinary bridge session (registered, journalled, listed with its parent), owned
+by the connection of the client's session at the top of its tree: its permission requests
+pass the one policy and go to that human (on the child's own session for a client that
+advertises ``clientCapabilities.subagents``, announced first with a ``subagent_update`` on
+its parent; else on the client's session, ``_meta.acp_bridge.child`` naming it). A child's
+turn is a ``session/prompt`` of the bridge's own; what it streams is recorded as any session's,
+and its agent message text is kept for the parent's tool result. The decisions are pure
+(``sessions.tree``); this waits, sends and keeps the turns.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import secrets
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import attrs
+import structlog
+import trio
+
+from acp_bridge.config import remote
+from acp_bridge.mcp.tools import AgentInfo, ChildStatus, ToolError
+from acp_bridge.protocol import jsonrpc as rpc
+from acp_bridge.protocol.capabilities import has_session_cap
+from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcError, dumps
+from acp_bridge.sessions.table import Forwarded, Session, SessionState, Setup
+from acp_bridge.sessions.tree import (
+    IDLE,
+    RUNNING,
+    Child,
+    Tree,
+    child_cwd,
+    may_spawn,
+    message_text,
+    on_parent_session,
+    spawn_refusal,
+    subagent_update,
+    supports_subagents,
+    tools_for,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from acp_bridge.config.model import AgentConfig
+    from acp_bridge.engine.hub import Hub
+    from acp_bridge.engine.links import AgentLink, ClientLink
+    from acp_bridge.mcp.server import McpEndpoint
+
+logger = structlog.get_logger("acp_bridge.subagents")
+
+#: The requests that open (or reopen) an agent session: each is offered the server.
+OFFERED: Final = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
+#: Seconds a child's ``session/close`` may take before it is given up (logged).
+CLOSE_TIMEOUT: Final = 10.0
+
+
+@attrs.frozen
+class Offer:
+    """What a forwarded request offered its agent: the token of the server's entry."""
+
+    token: str
+
+
+class OpenSession(Protocol):
+    """``FromAgent.open_session``: bind a ``session/new`` answer's session."""
+
+    def __call__(
+        self,
+        agent: AgentLink,
+        result: JsonObject,
+        client: ClientLink,
+        setup: Setup | None,
+        *,
+        parent: str | None = None,
+    ) -> tuple[Session, list[bytes]]: ...
+
+
+@attrs.define(eq=False)
+class _Turn:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+
+class Subagents:
+    """
+    Children as bridge sessions, driven by their parents' tool calls.
+
+    Args:
+        hub: the shared state.
+        ensure_ready: start an agent (and wait for its ``initialize``).
+        internal_request: a request of the bridge's own to an agent; its result or raises.
+        open_session: bind a ``session/new`` answer's session (``FromAgent.open_session``).
+        settle_session: every pending permission request of a session answered cancelled.
+        forget: a closed session, marked closed in the store.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        ensure_ready: Callable[[AgentLink], Awaitable[None]],
+        internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
+        open_session: OpenSession,
+        settle_session: Callable[[Session, str], Awaitable[None]],
+        forget: Callable[[Session], None],
+    ) -> None:
+        self._hub = hub
+        self._config = hub.config.subagents
+        self._ensure_ready = ensure_ready
+        self._internal_request = internal_request
+        self._open_session = open_session
+        self._settle_session = settle_session
+        self._forget = forget
+        self.tree = Tree()
+        self._endpoint: McpEndpoint | None = None
+        self._turns: dict[str, _Turn] = {}
+
+    @property
+    def endpoint(self) -> McpEndpoint:
+        """The MCP endpoint, made at the first session offered it (not before: an editor's
+        ``initialize`` does not wait for the HTTP stack to be imported)."""
+        if self._endpoint is None:
+            from acp_bridge.mcp.server import McpEndpoint
+
+            self._endpoint = McpEndpoint(self)
+        return self._endpoint
+
+    # ------------------------------------------------------------------ offering the server
+
+    async def offer(
+        self, agent: AgentLink, method: str, params: JsonObject, session: Session | None
+    ) -> Offer | None:
+        """
+        Add the ``acp-bridge`` entry to the ``mcpServers`` of a request that opens an agent
+        session (a client's; a child's are offered in :meth:`spawn`). None: not offered
+        (disabled, an agent that cannot reach the listener: see :func:`reaches`, or no
+        listener).
+        """
+        if method not in OFFERED or not self._config.enabled or not reaches(self, agent):
+            return None
+        depth = (
+            0 if session is None or method == "session/fork" else self.tree.depth(session.bridge_id)
+        )
+        token = await self._mint(depth)
+        if token is None:
+            return None
+        self._add_entry(agent, params, token)
+        return Offer(token)
+
+    async def _mint(self, depth: int) -> str | None:
+        assert self._hub.nursery is not None
+        try:
+            await self.endpoint.start(self._hub.nursery)
+            return self.endpoint.mint(tools_for(depth, self._config.max_depth))
+        except (OSError, RuntimeError, OverflowError) as exc:
+            logger.warning("mcp_server_not_offered", error=str(exc))
+            return None
+
+    def _add_entry(self, agent: AgentLink, params: JsonObject, token: str) -> None:
+        mcp = agent.capabilities.get("mcpCapabilities")
+        http = isinstance(mcp, dict) and mcp.get("http") is True
+        servers = params.get("mcpServers")
+        kept = [s for s in servers if _not_ours(s)] if isinstance(servers, list) else []
+        port = self.endpoint.forwarded.get(agent.name) if agent.config.ssh is not None else None
+        url = None if port is None else self.endpoint.url_at(port)
+        params["mcpServers"] = [*kept, self.endpoint.server_entry(token, http=http, url=url)]
+
+    async def offer_bound(self, agent: AgentLink, params: JsonObject, session: Session) -> None:
+        """A load of the bridge's own (a session restored after a restart): offered, bound."""
+        offer = await self.offer(agent, "session/load", params, session)
+        if offer is not None:
+            self.endpoint.revoke_session(session.bridge_id)  # (one token per session: bounded)
+            self.endpoint.bind(offer.token, session.bridge_id)
+
+    def opened(self, entry: Forwarded, session: Session | None) -> None:
+        """A forwarded request that was offered the server ended: its token bound, or gone."""
+        offer = entry.extra
+        if not isinstance(offer, Offer):
+            return
+        if session is None:
+            self.endpoint.revoke(offer.token)
+            return
+        if entry.method in ("session/load", "session/resume"):
+            # The agent took the session up again with the new entry: the older go.
+            self.endpoint.revoke_session(session.bridge_id)
+        try:
+            self.endpoint.bind(offer.token, session.bridge_id)
+        except (KeyError, ValueError):
+            logger.warning("mcp_token_not_bound", session=session.bridge_id)
+
+    # ------------------------------------------------------------------ sessions ending
+
+    def removed(self, session: Session) -> None:
+        """A session left the table (closed, deleted, expired): its tokens, its children."""
+        if self._endpoint is not None:
+            self._endpoint.revoke_session(session.bridge_id)
+        child = self.tree.remove(session.bridge_id)
+        if child is not None:
+            child.state = "closed"
+            turn = self._turns.get(child.id)
+            if turn is not None:
+                turn.scope.cancel()
+        self._close_later(session.bridge_id)
+
+    def agent_gone(self, agent: AgentLink) -> None:
+        """An agent exited: its sessions ended, and with them their children."""
+        for session in self._hub.sessions.of_agent(agent.name):
+            if self._endpoint is not None:
+                self._endpoint.revoke_session(session.bridge_id)
+            self._close_later(session.bridge_id)
+
+    def _close_later(self, parent: str) -> None:
+        if self.tree.of(parent) and not self._hub.stopping:
+            self._hub.spawn(self._close_children, parent)
+
+    async def _close_children(self, parent: str) -> None:
+        for child in self.tree.of(parent):
+            await self._close(child)
+
+    # ------------------------------------------------------------------ what clients see
+
+    def _visible(self, session: Session | None) -> ClientLink | None:
+        """The client that sees a child's own session (it advertised ``subagents``)."""
+        client: ClientLink | None = session.client if session is not None else None
+        if client is None or client.closed or not supports_subagents(client.capabilities):
+            return None
+        return client
+
+    def _watch(self, child: Child, params: JsonObject) -> bool:
+        """Each update of a child's session: its text kept; True: its client sees it."""
+        if child.state == RUNNING:
+            text = message_text(params.get("update"))
+            if text is not None:
+                child.add_text(text)
+        return self._visible(self._hub.sessions.get(child.id)) is not None
+
+    def present(self, session: Session, client: ClientLink, params: JsonObject) -> JsonObject:
+        """A child's request as ``client`` is shown it (on the client's session if need be)."""
+        child = self.tree.children.get(session.bridge_id)
+        if child is None or supports_subagents(client.capabilities):
+            return params
+        return on_parent_session(params, child, self.tree.root(child.id))
+
+    async def _tell_parent(self, child: Child, update: JsonObject) -> None:
+        """A ``subagent_update`` on the child's parent, to a client that asked for them."""
+        client = self._visible(self._hub.sessions.get(child.parent))
+        if client is not None:
+            params = {"sessionId": child.parent, "update": update}
+            await client.send(dumps(rpc.notification("session/update", params)))
+
+    # ------------------------------------------------------------------ the tools
+
+    def _live(self, caller: str) -> Session:
+        session = self._hub.sessions.get(caller)
+        if session is None or session.state is not SessionState.ACTIVE:
+            raise ToolError("the calling session has ended")
+        return session
+
+    def _owned(self, caller: str, child: str) -> Child:
+        self._live(caller)
+        found = self.tree.owned(caller, child)
+        if found is None:
+            raise ToolError(f"no child {child[:256]!r} of this session (closed, or not yours)")
+        return found
+
+    async def list_agents(self, caller: str) -> Sequence[AgentInfo]:
+        self._live(caller)
+        if self.tree.depth(caller) >= self._config.max_depth:
+            return []
+        return [
+            AgentInfo(name, agent.state.value)
+            for name, agent in self._hub.agents.items()
+            if may_spawn(name, self._config.agents)
+        ]
+
+    async def spawn(
+        self, caller: str, agent: str, prompt: str, cwd: str | None, wait: bool
+    ) -> ChildStatus:
+        parent = self._live(caller)
+        depth = self.tree.depth(caller)
+        refusal = spawn_refusal(
+            self._config,
+            parent_depth=depth,
+            open_children=len(self.tree.of(caller)),
+            agent=agent,
+            agents=list(self._hub.agents),
+        )
+        if refusal is not None:
+            raise ToolError(refusal)
+        try:
+            where = child_cwd(cwd, parent.roots)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+        link = self._hub.agents[agent]
+        with trio.CancelScope(shield=True):
+            # (Shielded, bounded: a session the agent opened is never left unknown.)
+            with trio.move_on_after(link.config.start_timeout) as bound:
+                session = await self._new_session(parent, link, where, depth + 1)
+        if bound.cancelled_caught:
+            raise ToolError(f"agent {agent!r} did not open a session in time")
+        child = Child(session.bridge_id, caller, agent, depth + 1, where)
+        self.tree.add(child)
+        session.watch = functools.partial(self._watch, child)
+        await self._tell_parent(child, subagent_update(child, prompt=prompt))
+        logger.info("subagent_spawned", parent=caller, child=child.id, agent=agent)
+        return await self._turn(child, session, prompt, wait)
+
+    async def _new_session(
+        self, parent: Session, agent: AgentLink, cwd: str, depth: int
+    ) -> Session:
+        try:
+            await self._ensure_ready(agent)
+        except JsonRpcError as exc:
+            raise ToolError(f"agent {agent.name!r} is not available: {exc.message}") from None
+        params: JsonObject = {"cwd": cwd, "mcpServers": []}
+        token = await self._mint(depth) if reaches(self, agent) else None
+        if token is not None:
+            self._add_entry(agent, params, token)
+        agent.new_in_flight += 1
+        try:
+            result = await self._internal_request(agent, "session/new", params)
+        except JsonRpcError as exc:
+            if token is not None:
+                self.endpoint.revoke(token)
+            raise ToolError(f"agent {agent.name!r} refused session/new: {exc.message}") from None
+        finally:
+            agent.new_in_flight = max(0, agent.new_in_flight - 1)
+        sid = result.get("sessionId") if isinstance(result, dict) else None
+        live = self._hub.sessions.find(agent.name, sid) if isinstance(sid, str) else None
+        if not isinstance(sid, str) or (
+            live is not None and live.state in (SessionState.ACTIVE, SessionState.LOADING)
+        ):
+            if token is not None:
+                self.endpoint.revoke(token)
+            raise ToolError(f"agent {agent.name!r} answered session/new without a new session")
+        assert isinstance(result, dict)
+        session, early = self._open_session(
+            agent, result, parent.client, Setup((cwd,), parent.unattended), parent=parent.bridge_id
+        )
+        if token is not None:
+            self.endpoint.bind(token, session.bridge_id)
+        if early:
+            logger.info("subagent_early_updates", child=session.bridge_id, count=len(early))
+        return session
+
+    async def prompt(self, caller: str, child: str, prompt: str, wait: bool) -> ChildStatus:
+        found = self._owned(caller, child)
+        if found.state == RUNNING:
+            raise ToolError(f"child {child!r} is still running its turn (see wait_agents)")
+        session = self._hub.sessions.get(found.id)
+        if found.state != IDLE or session is None or session.state is not SessionState.ACTIVE:
+            raise ToolError(f"child {child!r} has ended: {found.error or 'its session is gone'}")
+        return await self._turn(found, session, prompt, wait)
+
+    async def _turn(self, child: Child, session: Session, prompt: str, wait: bool) -> ChildStatus:
+        """Start a turn of ``child`` (a task of the bridge's); with ``wait``, its end."""
+        child.start_turn()
+        turn = _Turn()
+        self._turns[child.id] = turn
+        self._hub.remember_prompt(session, prompt)
+        await self._tell_parent(child, subagent_update(child, state=RUNNING))
+        self._hub.spawn(self._run_turn, child, session, prompt, turn)
+        if not wait:
+            return child.status()
+        await turn.done.wait()
+        if child.error is not None:
+            raise ToolError(f"child {child.id!r} ({child.agent}): {child.error}")
+        return child.status()
+
+    async def _run_turn(self, child: Child, session: Session, prompt: str, turn: _Turn) -> None:
+        agent = self._hub.agents[child.agent]
+        params = {"sessionId": session.agent_id, "prompt": [{"type": "text", "text": prompt}]}
+        try:
+            with turn.scope:
+                try:
+                    result = await self._internal_request(agent, "session/prompt", params)
+                except JsonRpcError as exc:
+                    child.end_turn(None, exc.message)
+                else:
+                    stop = result.get("stopReason") if isinstance(result, dict) else None
+                    child.end_turn(stop if isinstance(stop, str) else None)
+            if turn.scope.cancelled_caught:
+                # Its agent did not end a cancelled turn in time, or the child was closed.
+                child.end_turn("cancelled")
+        finally:
+            if self._turns.get(child.id) is turn:
+                del self._turns[child.id]
+            turn.done.set()
+        await self._tell_parent(child, subagent_update(child, state=IDLE))
+
+    async def wait(
+        self, caller: str, children: Sequence[str] | None, timeout_ms: int | None
+    ) -> Sequence[ChildStatus]:
+        if children is None:
+            self._live(caller)
+            found = self.tree.of(caller)
+        else:
+            found = [self._owned(caller, c) for c in children]
+        turns = [self._turns[c.id] for c in found if c.id in self._turns]
+        if found and len(turns) == len(found):  # all running: wait for the first to end
+            seconds = math.inf if timeout_ms is None else timeout_ms / 1000
+            with trio.move_on_after(seconds):
+                async with trio.open_nursery() as nursery:
+                    for turn in turns:
+                        nursery.start_soon(_first, turn.done, nursery.cancel_scope)
+        return [c.status() for c in found]
+
+    async def cancel(self, caller: str, child: str) -> ChildStatus:
+        found = self._owned(caller, child)
+        await self._cancel([*self.tree.descendants(found.id), found])
+        return found.status()
+
+    async def close(self, caller: str, child: str) -> ChildStatus:
+        found = self._owned(caller, child)
+        await self._close(found)
+        return found.status()
+
+    # ------------------------------------------------------------------ cancel and close
+
+    def cascade(self, session: Session) -> None:
+        """
+        The client cancelled ``session``'s turn: every running child under it is cancelled
+        now (its permission requests settled ``cancelled``, ``session/cancel`` sent), so the
+        parent's tool calls are answered with the children's ``cancelled`` turns; the cancel
+        grace is enforced in a task (the client's reader never waits here).
+        """
+        running = [c for c in self.tree.descendants(session.bridge_id) if c.id in self._turns]
+        if running and not self._hub.stopping:
+            self._hub.spawn(self._cancel, running)
+
+    async def _cancel(self, children: Sequence[Child]) -> None:
+        """Cancel the children's turns at once; wait for them (``cancel_grace`` at most)."""
+        turns = []
+        for child in children:
+            turn = self._turns.get(child.id)
+            session = self._hub.sessions.get(child.id)
+            if turn is None or session is None:
+                continue
+            turns.append(turn)
+            agent = self._hub.agents[session.agent]
+            agent.send_nowait(
+                dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
+            )
+            await self._settle_session(session, "cancel")
+        grace = self._hub.config.bridge.cancel_grace
+        for turn in turns:
+            with trio.move_on_after(grace if grace > 0 else math.inf):
+                await turn.done.wait()
+            turn.scope.cancel()  # (a no-op once it ended)
+            await turn.done.wait()
+
+    async def _close(self, child: Child) -> None:
+        """Close ``child`` and everything under it (deepest first); its agent told."""
+        for one in [*self.tree.descendants(child.id), child]:
+            if one.id in self._turns:
+                await self._cancel([one])
+            self.tree.remove(one.id)
+            one.state = "closed"
+            self.endpoint.revoke_session(one.id)
+            session = self._hub.sessions.get(one.id)
+            if session is None:
+                continue
+            owned = self._hub.sessions.owns_agent_id(session)
+            self._hub.sessions.remove(session)
+            self._forget(session)
+            agent = self._hub.agents[session.agent]
+            if owned and session.state is SessionState.ACTIVE:
+                await self._close_at_agent(agent, session.agent_id)
+            logger.info("subagent_closed", parent=one.parent, child=one.id)
+
+    async def _close_at_agent(self, agent: AgentLink, agent_sid: str) -> None:
+        if not has_session_cap(agent.capabilities, "close"):
+            agent.send_nowait(dumps(rpc.notification("session/cancel", {"sessionId": agent_sid})))
+            return
+        with trio.move_on_after(CLOSE_TIMEOUT):
+            try:
+                await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
+            except JsonRpcError as exc:
+                logger.warning("subagent_close_failed", agent=agent.name, error=exc.message)
+
+    # ------------------------------------------------------------------ status
+
+
+def _not_ours(server: object) -> bool:
+    """An ``mcpServers`` entry that is not the bridge's own (a client cannot plant one)."""
+    return not (isinstance(server, dict) and server.get("name") == "acp-bridge")
+
+
+async def _first(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+__all__ = ["OFFERED", "REMOTE_PORTS", "Offer", "Subagents", "launch_config", "reaches"]
+
+#: Where the remote end of an ssh agent's forward to the listener is drawn from, afresh at each
+#: launch: above Linux's default ephemeral range (32768-60999), so it is never the listener's
+#: own port when the "remote" host is this machine, nor an outgoing connection's there. Taken
+#: anyway: ssh exits 255 (ExitOnForwardFailure), a start error naming the host; the restart
+#: draws again.
+REMOTE_PORTS: Final = range(61000, 65536)
+
+
+def reaches(subagents: Subagents, agent: AgentLink) -> bool:
+    """
+    ``agent`` can reach the MCP listener: a local one; an ssh one whose connection forwards a
+    port to it (:func:`launch_config`) and that speaks http MCP (a stdio entry would need
+    ``acp-bridge`` installed on the far side). A launcher's engine forwards nothing.
+    """
+    if agent.config.ssh is None:
+        return agent.config.launcher is None
+    mcp = agent.capabilities.get("mcpCapabilities")
+    http = isinstance(mcp, dict) and mcp.get("http") is True
+    return http and agent.name in subagents.endpoint.forwarded
+
+
+async def launch_config(subagents: Subagents, config: AgentConfig) -> AgentConfig:
+    """
+    What an agent is launched with (``Supervisor.launch_config``): an ssh agent's connection
+    forwards a remote loopback port (drawn from :data:`REMOTE_PORTS`) to the MCP listener,
+    started now since the forward names its port, and the listener accepts that port in
+    ``Host``. Not forwarded (disabled, no listener): its sessions are not offered the server.
+    """
+    hub = subagents._hub
+    if config.ssh is None or not hub.config.subagents.enabled:
+        return config
+    assert hub.nursery is not None
+    try:
+        await subagents.endpoint.start(hub.nursery)
+    except (OSError, RuntimeError) as exc:
+        logger.warning("mcp_server_not_forwarded", agent=config.name, error=str(exc))
+    port = subagents.endpoint.port
+    if port is None:
+        subagents.endpoint.forwarded.pop(config.name, None)
+        return config
+    far = secrets.choice(REMOTE_PORTS)
+    subagents.endpoint.allow_port(config.name, far)
+    return attrs.evolve(config, ssh=remote.forward_to_bridge(config.ssh, far, port))

@@ -1,0 +1,407 @@
+"""
+The approval console's decisions, pure: who may see and answer, and what a request looks like.
+
+The console (``GET /console`` on ``serve``'s listener; the trio side is ``faces.console``)
+has the
+WebSocket face's security (``Host`` already checked by :func:`~acp_bridge.faces.handshake.judge`;
+loopback by default), plus what a browser needs:
+
+- **Login**: ``GET /console?token=TOKEN`` (the daemon's token, compared in constant time) sets
+  a session cookie and redirects (303) to ``/console``, so the token leaves the address bar and
+  the history. The cookie is ``HttpOnly; SameSite=Strict; Path=/console`` (``Secure`` under
+  TLS), named after the port (cookies ignore ports: two daemons on one host must not overwrite
+  each other's), valid :data:`SESSION_TTL` seconds. It is stateless: an expiry and a nonce,
+  MACed with a key derived from the token (a new token ends every session).
+- Without a valid cookie (or the token): **401**, with no session data.
+- ``Origin``: when present it must be the console's own origin or an ``allowed_origins`` entry,
+  on the page, its live channel and every answer (**403**); an answer must carry one (browsers
+  always send it on a POST).
+- **CSRF**: each page gets its own value (a nonce MACed with the session's nonce), which every
+  answer must carry in the ``X-Console-CSRF`` header (**403**). A custom header also means a
+  cross-origin page cannot send it without a CORS preflight, which the console never grants.
+- A **Content-Security-Policy** with no inline script (:data:`CSP`), and the headers that keep
+  the page out of frames and its address out of referrers.
+
+Then :func:`pending_view` and :func:`decision_view` shape what the page shows (bounded:
+:data:`MAX_DIFF_LINES`, :data:`MAX_TEXT`).
+
+Pure: no trio, no socket, no clock (the caller passes ``now`` and random bytes).
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+import hmac
+import http.cookies
+import json
+import urllib.parse
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from acp_bridge.faces.handshake import Refuse
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from acp_bridge.faces.handshake import HandshakePolicy, RequestHead
+    from acp_bridge.store.db import AuditRecord
+
+__all__ = [
+    "ANSWER_MAX_BYTES",
+    "CSP",
+    "MAX_DIFF_LINES",
+    "SECURITY_HEADERS",
+    "SESSION_TTL",
+    "Answer",
+    "Asset",
+    "ConsoleKeys",
+    "Live",
+    "Login",
+    "Page",
+    "decision_view",
+    "diff_lines",
+    "judge_console",
+    "parse_answer",
+    "pending_view",
+    "render_page",
+]
+
+#: Seconds a console session (its cookie) lasts; then the login link is needed again.
+SESSION_TTL: Final = 12 * 3600
+#: Lines of one diff shown; the rest is cut (the view says so).
+MAX_DIFF_LINES: Final = 400
+#: Characters of one side of a diff (or a command) considered; longer texts are cut first
+#: (difflib's cost grows with the square of the lines in the worst case).
+MAX_TEXT: Final = 64 * 1024
+#: The largest answer body read (an id and an option id).
+ANSWER_MAX_BYTES: Final = 4096
+#: Paths of the console, and the file each asset is.
+ROOT: Final = "/console"
+ASSETS: Final = {"/console/app.js": "app.js", "/console/app.css": "app.css"}
+EVENTS: Final = "/console/events"
+ANSWER: Final = "/console/answer"
+CSRF_HEADER: Final = "x-console-csrf"
+
+#: No inline script or style, nothing from elsewhere, no frames, no forms.
+CSP: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS: Final = (
+    ("Content-Security-Policy", CSP),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Cross-Origin-Opener-Policy", "same-origin"),
+    ("Cross-Origin-Resource-Policy", "same-origin"),
+)
+
+_UNAUTHORIZED: Final = Refuse(
+    401,
+    "unauthorized: open the console with the login link `acp-bridge serve` printed",
+    SECURITY_HEADERS,
+)
+
+
+@attrs.frozen
+class ConsoleKeys:
+    """
+    The console's secrets and names, derived from the daemon's token.
+
+    Attributes:
+        key: the MAC key of cookies and CSRF values.
+        cookie_name: the session cookie's name (per port).
+        secure: mark the cookie ``Secure`` (TLS).
+        scheme: ``http`` or ``https``, for the console's own origin.
+    """
+
+    key: bytes = attrs.field(repr=False)
+    cookie_name: str
+    secure: bool
+    scheme: str
+
+    @classmethod
+    def build(cls, token: bytes, *, port: int, tls: bool) -> ConsoleKeys:
+        key = hmac.new(token, b"acp-bridge console session v1", hashlib.sha256).digest()
+        return cls(key, f"acp_console_{port}", tls, "https" if tls else "http")
+
+    def _mac(self, text: str) -> str:
+        digest = hmac.new(self.key, text.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def mint_session(self, *, now: float, nonce: bytes) -> str:
+        """A new session cookie's value: ``EXPIRY.NONCE.MAC``."""
+        body = f"{int(now) + SESSION_TTL}.{base64.urlsafe_b64encode(nonce).decode().rstrip('=')}"
+        return f"{body}.{self._mac('session.' + body)}"
+
+    def check_session(self, value: str | None, *, now: float) -> str | None:
+        """The session's nonce when ``value`` is a valid, unexpired cookie; else None."""
+        if value is None:
+            return None
+        expiry, _, rest = value.partition(".")
+        nonce, _, mac = rest.partition(".")
+        if not (expiry.isascii() and expiry.isdigit() and nonce and mac):
+            return None
+        if not hmac.compare_digest(mac.encode(), self._mac(f"session.{expiry}.{nonce}").encode()):
+            return None
+        return nonce if now < int(expiry) else None
+
+    def set_cookie(self, value: str) -> str:
+        """The ``Set-Cookie`` header's value for a session cookie."""
+        secure = "; Secure" if self.secure else ""
+        return (
+            f"{self.cookie_name}={value}; Path={ROOT}; Max-Age={SESSION_TTL}; HttpOnly; "
+            f"SameSite=Strict{secure}"
+        )
+
+    def mint_csrf(self, session: str, *, nonce: bytes) -> str:
+        """A page's CSRF value, bound to its session."""
+        page = base64.urlsafe_b64encode(nonce).decode().rstrip("=")
+        return f"{page}.{self._mac(f'csrf.{session}.{page}')}"
+
+    def check_csrf(self, session: str, value: str | None) -> bool:
+        if not value:
+            return False
+        page, _, mac = value.partition(".")
+        expected = self._mac(f"csrf.{session}.{page}")
+        return bool(page) and hmac.compare_digest(mac.encode(), expected.encode())
+
+
+@attrs.frozen
+class Login:
+    """The token was right: set a session cookie and redirect to the console."""
+
+
+@attrs.frozen
+class Page:
+    """Serve the page, with a new CSRF value for ``session``."""
+
+    session: str
+
+
+@attrs.frozen
+class Asset:
+    """Serve a static file of the page (no session data in it)."""
+
+    name: str
+
+
+@attrs.frozen
+class Live:
+    """Stream the pending requests as server-sent events."""
+
+
+@attrs.frozen
+class Answer:
+    """Read an answer's body and settle the request."""
+
+
+ConsoleVerdict = Refuse | Login | Page | Asset | Live | Answer
+
+
+def is_console_path(path: str) -> bool:
+    return path == ROOT or path.startswith(ROOT + "/")
+
+
+def judge_console(
+    head: RequestHead, policy: HandshakePolicy, keys: ConsoleKeys, *, now: float
+) -> ConsoleVerdict:
+    """
+    What to do with a request for a console path (``Host`` already judged). Pure.
+
+    Order: path (404), method (405), ``Origin`` (403), then the static assets (no session);
+    the login (token → :class:`Login`, else 401); the cookie (401); an answer's CSRF (403).
+    """
+    parts = urllib.parse.urlsplit(head.target)
+    path = parts.path
+    method = "POST" if path == ANSWER else "GET"
+    if path not in (ROOT, EVENTS, ANSWER, *ASSETS):
+        return Refuse(404, "not found")
+    if head.method != method:
+        return Refuse(405, "method not allowed", (("Allow", method),))
+    origins = head.values("origin")
+    if (origins or method == "POST") and (
+        len(origins) != 1 or not _origin_allowed(origins[0], head, policy, keys)
+    ):
+        return Refuse(403, "forbidden: Origin not allowed", SECURITY_HEADERS)
+    if path in ASSETS:
+        return Asset(ASSETS[path])
+    if path == ROOT and parts.query:
+        tokens = urllib.parse.parse_qs(parts.query, keep_blank_values=True).get("token", [])
+        if len(tokens) == 1 and hmac.compare_digest(
+            tokens[0].encode("utf-8", "surrogateescape"), policy.token
+        ):
+            return Login()
+        return _UNAUTHORIZED
+    session = keys.check_session(_cookie(head, keys.cookie_name), now=now)
+    if session is None:
+        return _UNAUTHORIZED
+    if path == ROOT:
+        return Page(session)
+    if path == EVENTS:
+        return Live()
+    csrf = head.values(CSRF_HEADER)
+    if len(csrf) != 1 or not keys.check_csrf(session, csrf[0]):
+        return Refuse(403, "forbidden: missing or wrong CSRF value", SECURITY_HEADERS)
+    return Answer()
+
+
+def _cookie(head: RequestHead, name: str) -> str | None:
+    found = None
+    for value in head.values("cookie"):
+        jar = http.cookies.SimpleCookie()
+        try:
+            jar.load(value)
+        except http.cookies.CookieError:
+            continue
+        if name in jar:
+            found = jar[name].value
+    return found
+
+
+def _origin_allowed(
+    origin: str, head: RequestHead, policy: HandshakePolicy, keys: ConsoleKeys
+) -> bool:
+    key = origin.strip().rstrip("/").lower()
+    hosts = head.values("host")
+    own = f"{keys.scheme}://{hosts[0].strip().lower()}" if len(hosts) == 1 else None
+    return key == own or key in policy.origins
+
+
+def render_page(template: str, csrf: str) -> bytes:
+    """The page with its CSRF value in a ``<meta>`` tag (read by the script: no inline code)."""
+    return template.replace("{{csrf}}", csrf).encode()
+
+
+def parse_answer(body: bytes) -> tuple[str, str] | None:
+    """``{"id": ..., "optionId": ...}`` → (id, option id); None when malformed."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    request_id, option_id = data.get("id"), data.get("optionId")
+    if isinstance(request_id, str) and isinstance(option_id, str):
+        return request_id, option_id
+    return None
+
+
+# --------------------------------------------------------------------------- the view
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: object) -> str | None:
+    return value[:MAX_TEXT] if isinstance(value, str) else None
+
+
+def diff_lines(old: str | None, new: str) -> tuple[list[list[str]], bool]:
+    """
+    A line diff of a file edit: ``[[op, line], ...]`` with op ``" "``, ``"+"``, ``"-"`` or
+    ``"@"`` (a hunk header), and whether it was cut at :data:`MAX_DIFF_LINES`.
+    """
+    old_lines = (old or "")[:MAX_TEXT].splitlines()
+    new_lines = new[:MAX_TEXT].splitlines()
+    out: list[list[str]] = []
+    for line in difflib.unified_diff(old_lines, new_lines, lineterm="", n=3):
+        if line.startswith(("---", "+++")):
+            continue
+        op = "@" if line.startswith("@@") else line[:1]
+        out.append([op, line if op == "@" else line[1:]])
+        if len(out) >= MAX_DIFF_LINES:
+            return out, True
+    return out, False
+
+
+def _command(call: Mapping[str, Any]) -> str | None:
+    """The command an ``execute`` tool call runs, when its raw input says it."""
+    raw = _map(call.get("rawInput"))
+    command = raw.get("command")
+    if isinstance(command, list) and all(isinstance(c, str) for c in command):
+        command = " ".join(command)
+    text = _text(command)
+    if text is None:
+        return None
+    args = raw.get("args")
+    if isinstance(args, list) and all(isinstance(a, str) for a in args):
+        text = " ".join([text, *args])[:MAX_TEXT]
+    return text
+
+
+def pending_view(
+    *,
+    request_id: str,
+    agent: str,
+    session_id: str,
+    cwd: str | None,
+    title: str | None,
+    params: Mapping[str, Any],
+    time_left: float,
+    asked_at: float,
+    shown_to: str | None,
+    note: str | None,
+) -> dict[str, Any]:
+    """What the page shows of one pending permission request (JSON-ready). Pure."""
+    call = _map(params.get("toolCall"))
+    locations = [
+        loc["path"]
+        for loc in call.get("locations") or []
+        if isinstance(loc, dict) and isinstance(loc.get("path"), str)
+    ]
+    diffs = []
+    for item in call.get("content") or []:
+        if (
+            isinstance(item, dict)
+            and item.get("type") == "diff"
+            and isinstance(item.get("path"), str)
+        ):
+            lines, cut = diff_lines(_text(item.get("oldText")), _text(item.get("newText")) or "")
+            diffs.append({"path": item["path"], "lines": lines, "truncated": cut})
+    options = [
+        {
+            "optionId": o["optionId"],
+            "name": _text(o.get("name")) or o["optionId"],
+            "kind": o.get("kind"),
+        }
+        for o in params.get("options") or []
+        if isinstance(o, dict) and isinstance(o.get("optionId"), str)
+    ]
+    return {
+        "id": request_id,
+        "agent": agent,
+        "session": {"id": session_id, "cwd": cwd, "title": title},
+        "tool": {
+            "title": _text(call.get("title")),
+            "kind": _text(call.get("kind")),
+            "toolCallId": _text(call.get("toolCallId")),
+        },
+        "locations": locations,
+        "diffs": diffs,
+        "command": _command(call),
+        "options": options,
+        "timeLeftMs": max(0, int(time_left * 1000)),
+        "askedAt": asked_at,
+        "shownTo": shown_to,
+        "note": note,
+    }
+
+
+def decision_view(record: AuditRecord) -> dict[str, Any]:
+    """One audit record as the page lists it under "latest decisions"."""
+    return {
+        "time": record.time,
+        "session": record.session,
+        "agent": record.agent,
+        "title": record.title,
+        "kind": record.kind,
+        "decision": record.decision,
+        "option": record.option_id,
+        "source": record.source,
+        "connection": record.connection,
+    }

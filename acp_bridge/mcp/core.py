@@ -1,0 +1,474 @@
+"""
+The bridge's MCP server, sans I/O: tokens, MCP sessions, and what to answer each HTTP request
+of the Streamable HTTP transport. No trio: ``mcp.server`` reads and writes, this decides.
+
+The subset of MCP served (the official clients need no more; both are tested against it):
+``initialize`` (versions :data:`PROTOCOL_VERSIONS`, the client's if we know it, else our
+newest), ``notifications/initialized``, ``ping``, ``tools/list``, ``tools/call`` and
+``notifications/cancelled``. Every other request is ``-32601``, every other notification is
+accepted and ignored. Answers are ``application/json`` (no SSE: nothing is streamed, and the
+server never sends requests); ``GET`` is 405, which the spec allows; ``DELETE`` ends an MCP
+session. Batches (allowed by 2025-03-26 only, sent by no official client) are refused.
+
+Who may call: each agent session gets its own bearer token (:class:`TokenRegistry`), minted
+before ``session/new`` (an agent may list tools before it answers), bound to the session when
+the answer comes, revoked when the session ends. A pending token may initialize and list tools,
+but a call under it is refused until it is bound. An MCP session (``Mcp-Session-Id``, minted by
+``initialize``) belongs to the token that made it: presented with any other, it is unknown.
+
+Bounds: :data:`MAX_TOKENS` tokens, :data:`MAX_SESSIONS_PER_TOKEN` MCP sessions per token (the
+least recently used idle one is dropped for a new one; with none idle, ``initialize`` is
+refused), :data:`MAX_CALLS_PER_SESSION` calls in flight per MCP session (more: an ``isError``
+result that says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import urllib.parse
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import orjson
+
+from acp_bridge.mcp.tools import ALL_TOOLS, Invocation, check_arguments, error_result
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from collections.abc import Set as AbstractSet
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "PROTOCOL_VERSIONS",
+    "Admit",
+    "Answer",
+    "Cancel",
+    "Grant",
+    "McpCore",
+    "McpSession",
+    "Run",
+    "TokenRegistry",
+]
+
+#: Newest first; ``initialize`` answers the client's version if it is here, else the first.
+PROTOCOL_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+#: What a request without ``MCP-Protocol-Version`` speaks (the spec's rule for old clients).
+ASSUMED_VERSION: Final = "2025-03-26"
+#: Largest request body: a prompt of MAX_PROMPT_CHARS, JSON-escaped, fits. Larger: 413.
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+#: Tokens alive at once (one per open agent session): minting more raises.
+MAX_TOKENS: Final = 10_000
+#: MCP sessions per token (an agent that reconnects without DELETE would pile them up).
+MAX_SESSIONS_PER_TOKEN: Final = 8
+#: Tool calls in flight per MCP session.
+MAX_CALLS_PER_SESSION: Final = 32
+
+_JSON: Final = (("Content-Type", "application/json"),)
+_BEARER: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
+_BAD_TOKEN: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),)
+
+# JSON-RPC error codes
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+@attrs.define(eq=False)
+class Grant:
+    """
+    One token's rights.
+
+    Attributes:
+        token: the bearer token (never logged).
+        tools: the tools it is offered (the bridge leaves out ``spawn_agent`` at max depth).
+        session: the bridge's id of the session it is bound to; None while pending.
+    """
+
+    token: str = attrs.field(repr=False)
+    tools: frozenset[str]
+    session: str | None = None
+
+
+class TokenRegistry:
+    """
+    Per-session bearer tokens: mint, bind once, check, revoke.
+
+    Looked up by their SHA-256 (so the lookup's timing says nothing about the token) and
+    compared with :func:`hmac.compare_digest`.
+    """
+
+    def __init__(self, *, max_tokens: int = MAX_TOKENS) -> None:
+        self._max = max_tokens
+        self._by_digest: dict[bytes, Grant] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def mint(self, tools: Sequence[str] = ALL_TOOLS) -> str:
+        """
+        A new pending token (256 random bits, URL-safe) offering ``tools``.
+
+        Raises:
+            ValueError: an unknown tool name.
+            OverflowError: :data:`MAX_TOKENS` are alive (the bridge leaks tokens: a bug).
+        """
+        unknown = set(tools) - set(ALL_TOOLS)
+        if unknown:
+            raise ValueError(f"unknown tools {sorted(unknown)}")
+        if len(self._by_digest) >= self._max:
+            raise OverflowError(f"{self._max} MCP tokens alive: revoke tokens of ended sessions")
+        token = secrets.token_urlsafe(32)
+        self._by_digest[_digest(token)] = Grant(token, frozenset(tools))
+        return token
+
+    def bind(self, token: str, session: str) -> Grant:
+        """
+        Bind a pending token to ``session`` (when ``session/new`` answered).
+
+        Raises:
+            KeyError: unknown or revoked token.
+            ValueError: already bound (to this or another session): a token is never moved.
+        """
+        grant = self.check(token)
+        if grant is None:
+            raise KeyError("unknown or revoked MCP token")
+        if grant.session is not None:
+            raise ValueError(f"MCP token already bound to session {grant.session}")
+        grant.session = session
+        return grant
+
+    def check(self, presented: str) -> Grant | None:
+        """The grant of a presented token; None for an unknown or revoked one."""
+        grant = self._by_digest.get(_digest(presented))
+        if grant is None or not hmac.compare_digest(grant.token.encode(), presented.encode()):
+            return None
+        return grant
+
+    def revoke(self, token: str) -> Grant | None:
+        """Forget ``token`` (its session ended, or ``session/new`` failed); its grant if known."""
+        grant = self.check(token)
+        if grant is not None:
+            del self._by_digest[_digest(token)]
+        return grant
+
+    def revoke_session(self, session: str) -> list[Grant]:
+        """Forget every token bound to ``session``."""
+        gone = [(d, g) for d, g in self._by_digest.items() if g.session == session]
+        for digest, _ in gone:
+            del self._by_digest[digest]
+        return [g for _, g in gone]
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+@attrs.frozen
+class Answer:
+    """An HTTP response to write; then the exchange is over."""
+
+    status: int
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class Admit:
+    """A request head that passed: read the body (POST) and hand it to :meth:`McpCore.post`."""
+
+    method: str
+    grant: Grant
+    session_id: str | None
+    version: str | None
+
+
+@attrs.define(eq=False)
+class McpSession:
+    """One ``initialize``'s state: its token, its version, its calls in flight."""
+
+    id: str
+    grant: Grant
+    version: str
+    in_flight: set[object] = attrs.Factory(set)
+    last_used: int = 0
+
+
+@attrs.frozen
+class Run:
+    """Run a checked tool call, then answer :meth:`McpCore.finish`'s verdict."""
+
+    session: McpSession
+    request_id: object
+    caller: str
+    call: Invocation
+
+
+@attrs.frozen
+class Cancel:
+    """Cancel the call ``request_id`` of ``session`` if it is in flight; answer 202."""
+
+    session: McpSession
+    request_id: object
+
+
+def _rpc_error(request_id: object, code: int, message: str) -> bytes:
+    return orjson.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    )
+
+
+def _error(status: int, request_id: object, code: int, message: str) -> Answer:
+    return Answer(status, _rpc_error(request_id, code, message), _JSON)
+
+
+def _plain(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Answer:
+    return Answer(status, message.encode() + b"\n", (("Content-Type", "text/plain"), *headers))
+
+
+def _result(request_id: object, result: Mapping[str, Any]) -> Answer:
+    return Answer(200, orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}), _JSON)
+
+
+ACCEPTED: Final = Answer(202)
+
+
+class McpCore:
+    """
+    The decisions of one MCP endpoint (``http://127.0.0.1:PORT/mcp``): which requests pass,
+    which MCP sessions exist, what each message is answered.
+    """
+
+    def __init__(
+        self,
+        tokens: TokenRegistry,
+        tools: Mapping[str, Mapping[str, Any]],
+        *,
+        server_version: str,
+        path: str = "/mcp",
+        instructions: str | None = None,
+    ) -> None:
+        self.tokens = tokens
+        self.tools = tools
+        self.path = path
+        self._server_info = {"name": "acp-bridge", "version": server_version}
+        self._instructions = instructions
+        self._sessions: dict[str, McpSession] = {}
+        self._clock = 0
+
+    # ------------------------------------------------------------------ HTTP heads
+
+    def judge(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        *,
+        port: int | AbstractSet[int],
+    ) -> Admit | Answer:
+        """
+        What to do with a request head, before its body is read.
+
+        ``headers``: (lower-case name, value) pairs. Checked in order: ``Host`` (a loopback
+        name with our ``port``, or one of a set: ssh agents reach the listener through forwarded
+        ports of theirs; else DNS rebinding), no ``Origin`` (no browser has business here), the
+        path, the method, the bearer token, and for POST the content type and length.
+        """
+        hosts = _values(headers, "host")
+        if len(hosts) != 1 or hosts[0].lower() not in _loopback_hosts(port):
+            return _plain(403, "forbidden: unknown Host")
+        if _values(headers, "origin"):
+            return _plain(403, "forbidden: requests from a web page are not accepted")
+        if urllib.parse.urlsplit(target).path != self.path:
+            return _plain(404, "not found")
+        if method not in ("POST", "DELETE"):
+            # The spec's answer for a server that offers no SSE stream on GET.
+            return _plain(405, "method not allowed", (("Allow", "POST, DELETE"),))
+        auth = _values(headers, "authorization")
+        if not auth:
+            return _plain(401, "unauthorized: bearer token required", _BEARER)
+        scheme, _, presented = auth[0].partition(" ")
+        grant = self.tokens.check(presented.strip()) if scheme.lower() == "bearer" else None
+        if len(auth) != 1 or grant is None:
+            return _plain(401, "unauthorized: unknown or revoked token", _BAD_TOKEN)
+        if method == "POST":
+            kind = (_values(headers, "content-type") or [""])[0].split(";")[0].strip().lower()
+            if kind != "application/json":
+                return _plain(415, "unsupported media type: send application/json")
+            length = _values(headers, "content-length")
+            if length and (not length[0].strip().isdigit() or int(length[0]) > MAX_BODY_BYTES):
+                return _plain(413, f"request body over {MAX_BODY_BYTES} bytes")
+        session_ids = _values(headers, "mcp-session-id")
+        versions = _values(headers, "mcp-protocol-version")
+        return Admit(
+            method,
+            grant,
+            session_ids[0].strip() if session_ids else None,
+            versions[0].strip() if versions else None,
+        )
+
+    # ------------------------------------------------------------------ DELETE
+
+    def delete(self, admit: Admit) -> tuple[Answer, McpSession | None]:
+        """End the MCP session named in the request: the answer, and the session (to cancel
+        its calls)."""
+        session = self._session_of(admit)
+        if session is None:
+            return _plain(404 if admit.session_id else 400, "unknown MCP session"), None
+        del self._sessions[session.id]
+        return Answer(200), session
+
+    # ------------------------------------------------------------------ POST
+
+    def post(self, admit: Admit, body: bytes) -> Answer | Run | Cancel:
+        """The answer to a POSTed JSON-RPC message, or a call or a cancel for the shell."""
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return _error(400, None, PARSE_ERROR, "parse error: the body is not JSON")
+        if isinstance(message, list):
+            return _error(400, None, INVALID_REQUEST, "batches are not supported")
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return _error(400, None, INVALID_REQUEST, "not a JSON-RPC 2.0 message")
+        method = message.get("method")
+        if method is None:
+            return ACCEPTED  # a response (we send no requests) or junk: nothing to answer
+        request_id = message.get("id")
+        is_request = "id" in message
+        if is_request and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
+            return _error(400, None, INVALID_REQUEST, "id must be a string or an integer")
+        if not isinstance(method, str):
+            return _error(400, request_id, INVALID_REQUEST, "method must be a string")
+        params = message.get("params", {})
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            return _error(400, request_id, INVALID_PARAMS, "params must be an object")
+        if method == "initialize" and is_request:
+            return self._initialize(admit, request_id, params)
+        if is_request and method not in ("ping", "tools/list", "tools/call"):
+            return _error(200, request_id, METHOD_NOT_FOUND, f"method not found: {method[:100]}")
+        if admit.version is not None and admit.version not in PROTOCOL_VERSIONS:
+            return _error(
+                400,
+                request_id,
+                INVALID_REQUEST,
+                f"unsupported MCP-Protocol-Version {admit.version[:40]!r}",
+            )
+        session = self._session_of(admit)
+        if session is None:
+            if admit.session_id is None:
+                return _error(
+                    400, request_id, INVALID_REQUEST, "Mcp-Session-Id required: initialize first"
+                )
+            return _error(404, request_id, INVALID_REQUEST, "unknown MCP session: initialize again")
+        self._clock += 1
+        session.last_used = self._clock
+        if not is_request:
+            if method == "notifications/cancelled":
+                return Cancel(session, params.get("requestId"))
+            return ACCEPTED
+        if method == "ping":
+            return _result(request_id, {})
+        if method == "tools/list":
+            return _result(
+                request_id,
+                {"tools": [self.tools[n] for n in self.tools if n in session.grant.tools]},
+            )
+        return self._call(session, request_id, params)
+
+    def _initialize(self, admit: Admit, request_id: object, params: Mapping[str, Any]) -> Answer:
+        asked = params.get("protocolVersion")
+        if not isinstance(asked, str):
+            return _error(200, request_id, INVALID_PARAMS, "initialize: protocolVersion missing")
+        mine = [s for s in self._sessions.values() if s.grant is admit.grant]
+        if len(mine) >= MAX_SESSIONS_PER_TOKEN:
+            idle = [s for s in mine if not s.in_flight]
+            if not idle:
+                return _error(
+                    503, request_id, INVALID_REQUEST, f"{MAX_SESSIONS_PER_TOKEN} MCP sessions busy"
+                )
+            del self._sessions[min(idle, key=lambda s: s.last_used).id]
+        version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]
+        self._clock += 1
+        session = McpSession(secrets.token_hex(16), admit.grant, version, last_used=self._clock)
+        self._sessions[session.id] = session
+        result: dict[str, Any] = {
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": self._server_info,
+        }
+        if self._instructions:
+            result["instructions"] = self._instructions
+        answer = _result(request_id, result)
+        return attrs.evolve(answer, headers=(*answer.headers, ("Mcp-Session-Id", session.id)))
+
+    def _call(
+        self, session: McpSession, request_id: object, params: Mapping[str, Any]
+    ) -> Answer | Run:
+        name = params.get("name")
+        if not isinstance(name, str) or name not in session.grant.tools:
+            shown = name[:100] if isinstance(name, str) else name
+            return _error(200, request_id, INVALID_PARAMS, f"unknown tool: {shown!r}")
+        checked = check_arguments(self.tools, name, params.get("arguments"))
+        if isinstance(checked, str):
+            return _result(request_id, error_result(checked))
+        caller = session.grant.session
+        if caller is None:
+            return _result(
+                request_id, error_result(f"{name}: this session is still being set up; try again")
+            )
+        if request_id in session.in_flight:
+            return _error(200, request_id, INVALID_REQUEST, "a call with this id is in flight")
+        if len(session.in_flight) >= MAX_CALLS_PER_SESSION:
+            return _result(
+                request_id,
+                error_result(f"{name}: {MAX_CALLS_PER_SESSION} calls are in flight; wait for one"),
+            )
+        session.in_flight.add(request_id)
+        return Run(session, request_id, caller, checked)
+
+    def finish(self, run: Run, outcome: Mapping[str, Any]) -> Answer:
+        """The answer of a call that ran: ``outcome`` is a ``CallToolResult``."""
+        self.release(run)
+        return _result(run.request_id, outcome)
+
+    def release(self, run: Run) -> None:
+        """A call is no longer in flight (answered, cancelled, or its connection is gone)."""
+        run.session.in_flight.discard(run.request_id)
+
+    def drop_grant(self, grant: Grant) -> list[McpSession]:
+        """Forget the MCP sessions of a revoked token; they are returned (to cancel calls)."""
+        gone = [s for s in self._sessions.values() if s.grant is grant]
+        for session in gone:
+            del self._sessions[session.id]
+        return gone
+
+    def _session_of(self, admit: Admit) -> McpSession | None:
+        if admit.session_id is None:
+            return None
+        session = self._sessions.get(admit.session_id)
+        if session is None or session.grant is not admit.grant:
+            return None  # another token's session is as unknown as a made-up one
+        return session
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+
+def _values(headers: Sequence[tuple[str, str]], name: str) -> list[str]:
+    return [value for key, value in headers if key == name]
+
+
+def _loopback_hosts(port: int | AbstractSet[int]) -> frozenset[str]:
+    ports = {port} if isinstance(port, int) else port
+    return frozenset(f"{name}:{p}" for p in ports for name in ("127.0.0.1", "localhost", "[::1]"))

@@ -1,0 +1,403 @@
+"""
+The bridge's ``acp-bridge`` MCP server on a trio listener: Streamable HTTP on 127.0.0.1, one
+request per connection (``Connection: close``). ``mcp.core`` decides; this reads, runs the
+tool calls on the :class:`~acp_bridge.mcp.tools.SubagentHost`, and writes.
+
+A call ends in one of five ways: its result (200); ``notifications/cancelled`` for it (202
+and no JSON-RPC answer, as MCP asks); its connection dropped (nothing to answer); the call
+deadline (``call_timeout``, an ``isError`` result that says so); its token revoked (an
+``isError`` result: the session ended). The last three cancel the host's call; so does the
+first when the host is still working, which it cannot be. Every other wait is bounded too: a
+head in ``head_timeout``, a body in ``body_timeout`` (408 after), a write in ``send_timeout``
+(the connection is dropped after), at most ``max_connections`` at once (503 after).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+import h11
+import structlog
+import trio
+
+from acp_bridge import __version__
+from acp_bridge.mcp.core import (
+    MAX_BODY_BYTES,
+    Admit,
+    Answer,
+    Cancel,
+    McpCore,
+    McpSession,
+    Run,
+    TokenRegistry,
+)
+from acp_bridge.mcp.tools import (
+    ALL_TOOLS,
+    ToolError,
+    error_result,
+    invoke,
+    tool_definitions,
+    tool_result,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from acp_bridge.mcp.tools import SubagentHost
+
+__all__ = ["DEFAULT_CALL_TIMEOUT", "TOKEN_ENV", "McpEndpoint", "installed_command"]
+
+logger = structlog.get_logger("acp_bridge.mcp")
+
+#: A tool call's deadline, in seconds (a child's turn can be long; past it the call answers
+#: an error that says the child keeps running, and ``wait_agents`` picks it up).
+DEFAULT_CALL_TIMEOUT: Final = 3600.0
+#: The variable ``acp-bridge mcp`` reads its bearer token from.
+TOKEN_ENV: Final = "ACP_BRIDGE_MCP_TOKEN"
+#: Largest request head.
+MAX_HEAD_BYTES: Final = 16 * 1024
+_CHUNK: Final = 65536
+
+
+class McpEndpoint:
+    """
+    The MCP server of one bridge: its tokens and its loopback listener.
+
+    The bridge mints a token before each ``session/new`` (:meth:`mint`), puts
+    :meth:`server_entry` in its ``mcpServers``, binds the token when the answer names the
+    session (:meth:`bind`) and revokes it when the session ends (:meth:`revoke`).
+    """
+
+    def __init__(
+        self,
+        host: SubagentHost,
+        *,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        path: str = "/mcp",
+        max_connections: int = 256,
+        head_timeout: float = 10.0,
+        body_timeout: float = 30.0,
+        send_timeout: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.call_timeout = call_timeout
+        self.tokens = TokenRegistry()
+        self.core = McpCore(
+            self.tokens,
+            tool_definitions(max_wait_ms=int(call_timeout * 1000)),
+            server_version=__version__,
+            path=path,
+        )
+        self.port: int | None = None
+        #: agent name -> the remote port its ssh connection forwards here (one per agent: a
+        #: relaunch replaces it, so the set ``Host`` may name is bounded by the agents)
+        self.forwarded: dict[str, int] = {}
+        self._max_connections = max_connections
+        self._head_timeout = head_timeout
+        self._body_timeout = body_timeout
+        self._send_timeout = send_timeout
+        self._connections = 0
+        # (MCP session id, JSON-RPC id) -> the call's scope, and why it was cancelled
+        self._calls: dict[tuple[str, object], tuple[trio.CancelScope, list[str]]] = {}
+        self._started: trio.Event | None = None
+
+    # ------------------------------------------------------------------ tokens
+
+    def mint(self, tools: Sequence[str] = ALL_TOOLS) -> str:
+        """A pending token for a session about to be opened (see :class:`TokenRegistry`)."""
+        return self.tokens.mint(tools)
+
+    def bind(self, token: str, session: str) -> None:
+        """The session of ``token`` is now known: calls under it run as ``session``."""
+        self.tokens.bind(token, session)
+
+    def revoke(self, token: str) -> None:
+        """End ``token``: refused from now on, its MCP sessions gone, its calls cancelled."""
+        grant = self.tokens.revoke(token)
+        if grant is not None:
+            self._cancel_sessions(self.core.drop_grant(grant), "revoked")
+
+    def revoke_session(self, session: str) -> None:
+        """End every token bound to ``session`` (as :meth:`revoke`)."""
+        for grant in self.tokens.revoke_session(session):
+            self._cancel_sessions(self.core.drop_grant(grant), "revoked")
+
+    def _cancel_sessions(self, sessions: Sequence[McpSession], why: str) -> None:
+        ids = {s.id for s in sessions}
+        for (session_id, _), (scope, reasons) in list(self._calls.items()):
+            if session_id in ids:
+                reasons.append(why)
+                scope.cancel()
+
+    # ------------------------------------------------------------------ listener
+
+    @property
+    def url(self) -> str:
+        """The endpoint's URL (once listening)."""
+        if self.port is None:
+            raise RuntimeError("the MCP endpoint is not listening")
+        return self.url_at(self.port)
+
+    def url_at(self, port: int) -> str:
+        """The endpoint's URL as seen through a loopback ``port`` forwarded to it."""
+        return f"http://127.0.0.1:{port}{self.core.path}"
+
+    def allow_port(self, agent: str, port: int) -> None:
+        """Requests may also name ``port`` in ``Host``: ``agent``'s forward to the listener."""
+        self.forwarded[agent] = port
+
+    async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on 127.0.0.1, an ephemeral port; ``task_status.started(url)``; serve forever."""
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        logger.info("mcp_listening", url=self.url)
+        task_status.started(self.url)
+        await trio.serve_listeners(self.handle_connection, listeners)
+
+    async def start(self, nursery: trio.Nursery) -> str:
+        """
+        Listen in ``nursery`` unless already listening (stdio mode: only once needed).
+
+        Raises:
+            OSError: no loopback port could be bound (the first caller; later ones get
+                RuntimeError from :attr:`url`: there is no retry).
+        """
+        if self._started is None:
+            self._started = trio.Event()
+            try:
+                await nursery.start(self.serve)
+            finally:
+                self._started.set()  # callers waiting meanwhile must not wait forever
+        else:
+            await self._started.wait()
+        return self.url
+
+    def server_entry(
+        self,
+        token: str,
+        *,
+        http: bool,
+        command: Sequence[str] | None = None,
+        url: str | None = None,
+    ) -> dict[str, Any]:
+        """
+        The ``mcpServers`` entry of a session: ``http`` when the agent advertises
+        ``mcpCapabilities.http``, else stdio through ``acp-bridge mcp`` (``command``: how to
+        run this installation's ``acp-bridge``, default :func:`installed_command`). ``url``:
+        where the agent reaches the listener (default :attr:`url`; see :meth:`url_at`).
+        """
+        if http:
+            return {
+                "type": "http",
+                "name": "acp-bridge",
+                "url": self.url if url is None else url,
+                "headers": [{"name": "Authorization", "value": f"Bearer {token}"}],
+            }
+        argv = list(command) if command is not None else installed_command()
+        return {
+            "name": "acp-bridge",
+            "command": argv[0],
+            "args": [*argv[1:], "mcp", "--url", self.url],
+            "env": [{"name": TOKEN_ENV, "value": token}],
+        }
+
+    # ------------------------------------------------------------------ one connection
+
+    async def handle_connection(self, stream: trio.abc.Stream, *, port: int | None = None) -> None:
+        """Serve one request on ``stream`` and close it. ``port``: the one ``Host`` must name
+        (default: the listener's), or one of :attr:`forwarded`."""
+        async with stream:
+            if self._connections >= self._max_connections:
+                await self._send(h11.Connection(h11.SERVER), stream, Answer(503, b"busy\n"))
+                return
+            self._connections += 1
+            try:
+                await self._exchange(stream, self.port if port is None else port)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
+                pass  # the peer went away mid-exchange: nobody to answer
+            finally:
+                self._connections -= 1
+
+    async def _exchange(self, stream: trio.abc.Stream, port: int | None) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        request: h11.Request | Answer | None = None
+        with trio.move_on_after(self._head_timeout):
+            request = await _read_head(conn, stream)
+        if not isinstance(request, h11.Request):
+            if request is not None:
+                await self._send(conn, stream, request)
+            return
+        headers = [(n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in request.headers]
+        verdict = self.core.judge(
+            request.method.decode("ascii", "replace"),
+            request.target.decode("latin-1"),
+            headers,
+            port={-1 if port is None else port, *self.forwarded.values()},
+        )
+        if isinstance(verdict, Answer):
+            await self._send(conn, stream, verdict)
+            return
+        if verdict.method == "DELETE":
+            answer, session = self.core.delete(verdict)
+            if session is not None:
+                self._cancel_sessions([session], "deleted")
+            await self._send(conn, stream, answer)
+            return
+        await self._post(conn, stream, verdict)
+
+    async def _post(self, conn: h11.Connection, stream: trio.abc.Stream, admit: Admit) -> None:
+        body: bytes | Answer = Answer(408, b"request body too slow\n")
+        with trio.move_on_after(self._body_timeout):
+            body = await _read_body(conn, stream)
+        if isinstance(body, Answer):
+            await self._send(conn, stream, body)
+            return
+        outcome = self.core.post(admit, body)
+        if isinstance(outcome, Cancel):
+            entry = self._calls.get((outcome.session.id, _key(outcome.request_id)))
+            if entry is not None:
+                entry[1].append("cancelled")
+                entry[0].cancel()
+            await self._send(conn, stream, Answer(202))
+        elif isinstance(outcome, Run):
+            await self._run(conn, stream, outcome)
+        else:
+            await self._send(conn, stream, outcome)
+
+    async def _run(self, conn: h11.Connection, stream: trio.abc.Stream, run: Run) -> None:
+        key = (run.session.id, _key(run.request_id))
+        scope = trio.CancelScope(deadline=trio.current_time() + self.call_timeout)
+        reasons: list[str] = []
+        self._calls[key] = (scope, reasons)
+        log = logger.bind(tool=run.call.tool, caller=run.caller, mcp_session=run.session.id)
+        result: dict[str, Any] | None = None
+        try:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_watch_peer, stream, scope, reasons)
+                    result = await _call(self.host, run, log)
+                    nursery.cancel_scope.cancel()
+        finally:
+            del self._calls[key]
+            self.core.release(run)
+        if result is None:
+            why = reasons[0] if reasons else "deadline"
+            log.info("mcp_call_ended", why=why)
+            if why in ("cancelled", "gone", "deleted"):
+                if why != "gone":
+                    await self._send(conn, stream, Answer(202))
+                return
+            if why == "deadline":
+                result = error_result(
+                    f"{run.call.tool}: no answer within {self.call_timeout:g} s; the call was "
+                    "abandoned (a child keeps running: see wait_agents)"
+                )
+            else:
+                result = error_result(f"{run.call.tool}: the calling session has ended")
+        await self._send(conn, stream, self.core.finish(run, result))
+
+    async def _send(self, conn: h11.Connection, stream: trio.abc.Stream, answer: Answer) -> None:
+        """Write ``answer`` and end the exchange (bounded by ``send_timeout``)."""
+        headers = [
+            *answer.headers,
+            ("Content-Length", str(len(answer.body))),
+            ("Connection", "close"),
+        ]
+        data = conn.send(h11.Response(status_code=answer.status, headers=headers))
+        if answer.body:
+            data = (data or b"") + (conn.send(h11.Data(data=answer.body)) or b"")
+        data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+        with trio.move_on_after(self._send_timeout):
+            await stream.send_all(data)
+            # Unread request bytes would make closing send a reset, which can destroy the
+            # answer before the peer read it: end our side, then drain what is left, briefly.
+            if isinstance(stream, trio.abc.HalfCloseableStream):
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.send_eof()
+            with trio.move_on_after(1.0):
+                drained = 0
+                while drained < MAX_BODY_BYTES and (chunk := await stream.receive_some(_CHUNK)):
+                    drained += len(chunk)
+
+
+async def _call(host: SubagentHost, run: Run, log: Any) -> dict[str, Any]:
+    """Run the host's side of a call: its result, or what the model should read instead."""
+    try:
+        return tool_result(await invoke(host, run.caller, run.call))
+    except ToolError as exc:
+        return error_result(f"{run.call.tool}: {exc}")
+    except Exception:
+        log.exception("mcp_tool_failed")
+        return error_result(f"{run.call.tool}: internal error in the bridge (see its log)")
+
+
+async def _watch_peer(stream: trio.abc.Stream, scope: trio.CancelScope, reasons: list[str]) -> None:
+    """Cancel a call whose client hung up (the only way a JSON response can be abandoned)."""
+    received = 0
+    try:
+        while received <= MAX_HEAD_BYTES:  # a client may send junk meanwhile, not unboundedly
+            chunk = await stream.receive_some(_CHUNK)
+            if not chunk:
+                break
+            received += len(chunk)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    reasons.append("gone")
+    scope.cancel()
+
+
+async def _read_head(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Request | Answer | None:
+    """The request head; an :class:`Answer` for a malformed one; None at EOF."""
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            status = exc.error_status_hint
+            return Answer(
+                status, b"request head too large\n" if status == 431 else b"bad request\n"
+            )
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(_CHUNK)
+            if not data:
+                return None
+            conn.receive_data(bytes(data))
+            continue
+        return event if isinstance(event, h11.Request) else None
+
+
+async def _read_body(conn: h11.Connection, stream: trio.abc.Stream) -> bytes | Answer:
+    """The request body, at most :data:`MAX_BODY_BYTES` (413 past it)."""
+    body = bytearray()
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            return Answer(400, b"bad request\n")
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(_CHUNK)
+            if not data:
+                return Answer(400, b"request body cut short\n")
+            conn.receive_data(bytes(data))
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY_BYTES:
+                return Answer(413, f"request body over {MAX_BODY_BYTES} bytes\n".encode())
+        elif isinstance(event, h11.EndOfMessage):
+            return bytes(body)
+        else:
+            return Answer(400, b"bad request\n")
+
+
+def _key(request_id: object) -> object:
+    # 1 and "1" are different JSON-RPC ids; a float id was refused already
+    return (type(request_id).__name__, request_id)
+
+
+def installed_command() -> list[str]:
+    """How to run this installation's ``acp-bridge``: the script beside the interpreter, else
+    ``python -m acp_bridge``."""
+    script = pathlib.Path(sys.executable).with_name("acp-bridge")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "acp_bridge"]

@@ -1,0 +1,9 @@
+# The C line scanner and the journal's run codec (scanc.c); acp_bridge.protocol.scan and
+# acp_bridge.store.elide are their interfaces and their docs.
+from typing import Any
+
+def scan(
+    block: bytes, max_line: int, setup_kinds: tuple[bytes, ...], max_run: int = ..., /
+) -> list[tuple[Any, ...]]: ...
+def elide(data: bytes, /) -> bytes | None: ...
+def restore(blob: bytes, size: int, /) -> bytes: ...

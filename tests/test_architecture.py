@@ -442,6 +442,26 @@ def test_tests_mirror_the_code():
     assert unit <= set(_subpackages()), unit - set(_subpackages())
 
 
+#: What starting another process looks like in a test (or in a helper it calls).
+SPAWNS = re.compile(
+    r"open_process|run_process|subprocess\.|start_serve|BridgeProcess|make_subprocess_launcher"
+    r"|Popen"
+)
+
+
+def test_unit_folders_start_no_process_and_set_no_marker():
+    """Markers come from the folder: tests/<subpackage>/ runs in-process, in seconds."""
+    found = []
+    for path in sorted((REPO / "tests").glob("*/test_*.py")):
+        if path.parent.name in {"e2e", "interop", "fuzz", "support"}:
+            continue
+        text = path.read_text(encoding="utf-8")
+        found += [f"{path.relative_to(REPO)}: {m}" for m in sorted(set(SPAWNS.findall(text)))]
+        if "mark.e2e" in text:
+            found.append(f"{path.relative_to(REPO)}: an e2e marker")
+    assert found == []
+
+
 # --------------------------------------------------------------------------- the scan itself
 
 

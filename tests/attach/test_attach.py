@@ -13,9 +13,6 @@ import errno
 import functools
 import itertools
 import json
-import os
-import subprocess
-import sys
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -37,7 +34,7 @@ from acp_bridge.faces.attach import (
 from acp_bridge.faces.serve import serve_websocket
 from acp_bridge.faces.token import TokenError
 from acp_bridge.protocol.jsonrpc import dumps, loads
-from tests.support.fakes import FakeAgent, TestClient, make_config, start_serve
+from tests.support.fakes import FakeAgent, TestClient, make_config
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -897,75 +894,3 @@ def test_only_websocket_urls_are_accepted():
     assert check_url("wss://example.org:443/acp") == "wss://example.org:443/acp"
     with pytest.raises(TokenError, match="not a WebSocket URL"):
         check_url("http://127.0.0.1:8765/acp")
-
-
-@pytest.mark.e2e
-def test_missing_token_file_is_a_usage_error_before_any_connection(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "acp_bridge",
-            "attach",
-            "ws://127.0.0.1:9/acp",
-            "--token-file",
-            str(tmp_path / "nope"),
-        ],
-        capture_output=True,
-        timeout=TIMEOUT,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 2
-    assert result.stdout == b""
-    assert b"token file" in result.stderr
-    assert b"No such file" in result.stderr
-
-
-@pytest.mark.e2e
-async def test_attach_process_runs_a_turn_through_a_serve_process(tmp_path):
-    """The real commands: `serve` with the demo agent, `attach` spoken to over its stdio."""
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
-        'args = ["-m", "acp_bridge", "demo-agent", "--chunk-delay", "0"]\n'
-        '[websocket]\nport = 0\ntoken_file = "token"\n'
-    )
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
-    serve_argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            serve, url = await start_serve(nursery, serve_argv, env)
-            nursery.start_soon(_reap, serve)
-            attach_argv = [
-                sys.executable, "-m", "acp_bridge", "attach", url,
-                "--token-file", str(tmp_path / "token"),
-            ]  # fmt: skip
-            shim = await trio.lowlevel.open_process(
-                attach_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, env=env,
-            )  # fmt: skip
-            nursery.start_soon(_reap, shim)
-            editor = TestClient(trio.StapledStream(shim.stdin, shim.stdout))
-            nursery.start_soon(editor.read_loop)
-            await editor.initialize()
-            sid = await editor.new_session()
-            response = await editor.prompt(sid, "count 3")
-            assert response["result"]["stopReason"] == "end_turn"
-            assert len(editor.updates(sid)) == 3
-            assert all(isinstance(s, int) for s in editor.seqs(sid))
-            assert shim.stdin is not None
-            await shim.stdin.aclose()
-            assert await shim.wait() == 0
-            serve.terminate()
-            assert await serve.wait() == 0
-
-
-async def _reap(proc: trio.Process) -> None:
-    try:
-        await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()

@@ -10,10 +10,7 @@ gives None, the converter decides (and says what is wrong). Messages are all the
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
-import sys
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -239,23 +236,3 @@ def test_a_mistake_or_an_ssh_agent_is_left_to_the_converter():
         {"bridge": {}},
     ):
         assert _quick_config(doc) is None, doc
-
-
-def test_loading_a_plain_config_does_not_load_cattrs(tmp_path):
-    """What ``acp-bridge stdio --config FILE`` pays before it can answer: no cattrs."""
-    path = tmp_path / "c.toml"
-    path.write_text('[agents.demo]\ncommand = "acp-bridge"\nargs = ["demo-agent"]\n')
-    code = (
-        "import json, sys\n"
-        "from acp_bridge.config.model import load_config\n"
-        "config = load_config(sys.argv[1])\n"
-        "print(json.dumps([config.default_agent.name, sorted(sys.modules)]))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(path)], capture_output=True, check=True, timeout=60
-    )
-    name, modules = json.loads(out.stdout)
-    assert name == "demo"
-    assert [
-        m for m in modules if m.split(".")[0] in ("cattrs", "acp_bridge.config.structure")
-    ] == []

@@ -19,8 +19,6 @@ import trio
 from acp_bridge import __version__
 from tests.support.peers import npm
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

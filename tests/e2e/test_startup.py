@@ -23,8 +23,6 @@ import trio
 
 from acp_bridge.protocol.diagnostics import LOG_METHOD
 
-pytestmark = pytest.mark.e2e
-
 #: modules (and packages, with their submodules) the stdio path must not load
 NOT_ON_THE_STDIO_PATH = (
     "trio_websocket",

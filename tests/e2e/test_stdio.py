@@ -12,13 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from acp_bridge.protocol.framing import LineDecoder
 from acp_bridge.protocol.jsonrpc import dumps, loads
-
-pytestmark = pytest.mark.e2e
 
 DEMO = shlex.join([sys.executable, "-m", "acp_bridge", "demo-agent", "--chunk-delay", "0.01"])
 

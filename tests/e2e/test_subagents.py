@@ -23,7 +23,6 @@ from tests.support.peers import npm
 if TYPE_CHECKING:
     from pathlib import Path
 
-pytestmark = pytest.mark.e2e
 
 TIMEOUT = 60
 HELPER = f"{DEMO} --name helper --session-prefix helper-"

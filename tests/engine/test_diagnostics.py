@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 
 import attrs
 import pytest
@@ -14,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_bridge.agents.process import make_in_process_launcher
-from acp_bridge.cli.prompt import run_prompt
-from acp_bridge.config.model import AgentConfig, Config, StoreConfig
+from acp_bridge.config.model import AgentConfig
 from acp_bridge.engine.bridge import Bridge
 from acp_bridge.faces.stream import serve_client_stream
 from acp_bridge.observe.log import configure_logging
@@ -368,34 +366,6 @@ async def test_property_every_line_to_the_client_is_json_rpc(inputs, crash_at_st
         assert isinstance(line, bytes)
         assert classify(loads(line)) is not Kind.INVALID
     assert decoder.feed_eof() is None
-
-
-@pytest.mark.e2e
-async def test_the_prompt_command_gives_its_redactor_to_the_bridge(tmp_path):
-    """run_prompt (what `acp-bridge prompt` runs) hands the redactor it was given, the one its
-    logs use, to the bridge: the real agent's env secret is registered there."""
-    secret = "sk-prompt-secret-" + "x" * 12
-    demo = (sys.executable, "-m", "acp_bridge", "demo-agent", "--chunk-delay", "0")
-    config = Config(
-        agents={
-            "demo": AgentConfig(
-                name="demo", command=demo[0], args=demo[1:], env={"API_KEY": secret}
-            )
-        },
-        store=StoreConfig(path=":memory:"),
-    )
-    redactor = Redactor()
-    with trio.fail_after(30):
-        stop = await run_prompt(
-            config,
-            "hello",
-            cwd=str(tmp_path),
-            out=io.StringIO(),
-            err=io.StringIO(),
-            redactor=redactor,
-        )
-    assert stop == "end_turn"
-    assert redactor.redact(secret) == "***"
 
 
 async def test_prompt_shows_the_diagnostics_it_asked_for_readably():

@@ -12,16 +12,13 @@ import json
 import socket
 from typing import TYPE_CHECKING, Any
 
-import pytest
 import trio
 import trio.testing
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
 from acp_bridge.engine.links import ClientLink
 from acp_bridge.faces.ws import _ReplayStream
-from acp_bridge.runtime import pipes
-from tests.faces.test_ws import NEW_SESSION, TIMEOUT, open_peer, open_server
-from tests.support.fakes import FakeAgent
+from tests.faces.test_ws import TIMEOUT
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -153,40 +150,3 @@ async def test_nothing_is_offered_past_the_close_frame_or_beside_a_write():
             assert [op for op, _ in log.frames] == [Opcode.TEXT, Opcode.CLOSE]
             assert log.frames[1][1] == (1000, "")
             assert json.loads(log.frames[0][1])["tag"] == "big"
-
-
-@pytest.mark.e2e
-async def test_an_answer_to_an_idle_client_is_written_by_the_task_that_read_it(monkeypatch):
-    """An agent's answer to a WebSocket client whose writer is idle goes out from the task
-    that read it from the agent (no wake-up of the connection's writer task): the task that
-    hands the answer to the client link is the one that writes its frame to the socket."""
-    handing: list[trio.lowlevel.Task] = []
-    writing: dict[bytes, trio.lowlevel.Task] = {}
-    send_answer = ClientLink.send_answer
-    write_now = pipes.write_now
-
-    async def recording_answer(self: ClientLink, data: bytes, session: object) -> None:
-        if b'"id":3' in data:
-            handing.append(trio.lowlevel.current_task())
-        await send_answer(self, data, session)
-
-    def recording_write(fd: int, data: bytes) -> int:
-        if b'"id":3' in data:
-            writing[bytes(data)] = trio.lowlevel.current_task()
-        return write_now(fd, data)
-
-    monkeypatch.setattr(ClientLink, "send_answer", recording_answer)
-    monkeypatch.setattr(pipes, "write_now", recording_write)
-    with trio.fail_after(TIMEOUT):
-        async with (
-            open_server({"a": FakeAgent("a")}, ping_interval=0) as server,
-            open_peer(server.port) as peer,
-        ):
-            new = await peer.request("session/new", NEW_SESSION)  # (id 2)
-            sid = new["result"]["sessionId"]
-            await trio.testing.wait_all_tasks_blocked()  # (the writer is idle)
-            reply = await peer.request("session/set_mode", {"sessionId": sid, "modeId": "m"})
-            assert reply["id"] == 3
-            assert "result" in reply
-    assert len(handing) == 1
-    assert list(writing.values()) == handing

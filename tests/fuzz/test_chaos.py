@@ -365,7 +365,6 @@ RESTART_AT_ONCE = {
 }
 
 
-@pytest.mark.e2e
 async def test_sigkill_of_a_real_agent_at_random_points_answers_within_250_ms():
     """SIGKILL the fault agent while it floods one session, asks a permission in another and
     waits for cancel in a third: the three prompts fail and the permission is resolved
@@ -454,7 +453,6 @@ async def test_100_in_process_crash_restart_cycles_leave_no_task_behind():
     print(f"\n{CYCLES} in-process crash/restart cycles: {baseline} trio tasks before and after")
 
 
-@pytest.mark.e2e
 async def test_100_real_crash_restart_cycles_leave_no_descriptor_or_task_behind():
     """A real agent process that crashes on every prompt, restarted 100 times: open file
     descriptors and trio tasks back to their baseline, every process reaped."""
@@ -571,7 +569,6 @@ def read_pids(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()]
 
 
-@pytest.mark.e2e
 async def test_a_bridge_killed_with_sigkill_leaves_no_agent_even_one_ignoring_sigterm(tmp_path):
     """SIGKILL the bridge while its agent ignores SIGTERM and runs 3 grandchildren: the reaper
     takes the whole process group down (SIGTERM, then SIGKILL after its grace)."""
@@ -600,7 +597,6 @@ async def test_a_bridge_killed_with_sigkill_leaves_no_agent_even_one_ignoring_si
     assert elapsed < 3.0  # the reaper's SIGTERM grace is 1 s
 
 
-@pytest.mark.e2e
 async def test_stopping_an_agent_that_ignores_eof_and_sigterm_kills_its_group(tmp_path):
     """The bridge stops: stdin EOF, stop_grace, SIGTERM (both ignored), stop_grace, SIGKILL to
     the group: agent and grandchildren gone when the bridge's run ends."""
@@ -626,7 +622,6 @@ async def test_stopping_an_agent_that_ignores_eof_and_sigterm_kills_its_group(tm
 # -- exits at awkward moments ----------------------------------------------------------------
 
 
-@pytest.mark.e2e
 async def test_process_faults_of_a_real_agent():
     """Exit mid-line, mid-permission and mid-load replay; garbage on stdout; an answer written
     just before exiting; a crash while grandchildren hold its stdout."""
@@ -693,7 +688,6 @@ async def test_process_faults_of_a_real_agent():
             assert_nothing_pending(bridge)
 
 
-@pytest.mark.e2e
 async def test_a_crash_while_grandchildren_hold_stdout_is_answered_at_once(tmp_path):
     """Grandchildren that inherited the agent's stdout keep the pipe open after it dies: the
     crash is still answered within the bound, and the grandchildren go with the group."""
@@ -719,7 +713,6 @@ async def test_a_crash_while_grandchildren_hold_stdout_is_answered_at_once(tmp_p
 PAD = 4000
 
 
-@pytest.mark.e2e
 async def test_a_stalled_agent_blocks_nobody_and_its_queue_is_answered_when_it_dies():
     """An agent stops reading: requests beyond its pipe and queue are refused at once, the
     other agent keeps serving, and a SIGKILL answers everything queued within the bound."""
@@ -1150,7 +1143,6 @@ async def test_an_agent_writing_a_line_past_the_cap_is_stopped_before_the_line_e
             assert_nothing_pending(bridge)
 
 
-@pytest.mark.e2e
 async def test_a_256_mib_line_from_a_real_agent_costs_no_memory_and_is_answered_at_once():
     """A real agent writes one 256 MiB line (cap 1 MiB) while another of its requests waits:
     the bridge drops the bytes as they come (its memory does not grow by the line), kills the

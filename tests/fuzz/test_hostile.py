@@ -64,7 +64,6 @@ if TYPE_CHECKING:
     from acp_bridge.engine.links import ClientLink
     from acp_bridge.faces.serve import ListenInfo
 
-pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_AGENT = str(Path(__file__).resolve().parents[1] / "support" / "peers" / "fault_agent.py")

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from pathlib import Path
 
-pytestmark = pytest.mark.e2e
 
 MODES = ("direct", "bridge")
 #: One test: up to five acpx runs per side, each a node process and one or two Pythons.

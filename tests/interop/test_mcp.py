@@ -435,7 +435,6 @@ async def _python_client_session(client: Any, host: FakeHost) -> None:
     }
 
 
-@pytest.mark.e2e
 async def test_the_python_sdk_lists_and_calls_the_tools_over_http(nursery):
     _python_sdk()
     import httpx2
@@ -457,7 +456,6 @@ async def test_the_python_sdk_lists_and_calls_the_tools_over_http(nursery):
             await _python_client_session(client, host)
 
 
-@pytest.mark.e2e
 async def test_the_python_sdk_lists_and_calls_the_tools_over_stdio(nursery):
     _python_sdk()
     from mcp.client import Client
@@ -526,7 +524,6 @@ async def test_a_listener_that_cannot_start_fails_every_caller_instead_of_hangin
     assert sorted(failures) == ["OSError", "RuntimeError"]
 
 
-@pytest.mark.e2e
 async def test_acp_bridge_mcp_refuses_to_start_without_a_token_or_on_a_remote_url():
     for env, url, said in [
         ({}, "http://127.0.0.1:1/mcp", "ACP_BRIDGE_MCP_TOKEN: empty"),
@@ -600,7 +597,6 @@ def _ts_client() -> list[str]:
     ]
 
 
-@pytest.mark.e2e
 async def test_the_typescript_sdk_lists_and_calls_the_tools_over_http(nursery):
     argv = _ts_client()
     host = FakeHost()
@@ -612,7 +608,6 @@ async def test_the_typescript_sdk_lists_and_calls_the_tools_over_http(nursery):
     _check_ts_steps(steps, host)
 
 
-@pytest.mark.e2e
 async def test_the_typescript_sdk_lists_and_calls_the_tools_over_stdio(nursery):
     argv = _ts_client()
     host = FakeHost()

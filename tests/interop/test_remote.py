@@ -604,7 +604,6 @@ def said(client: TestClient, sid: str) -> str:
     return "".join(client.updates(sid))
 
 
-@pytest.mark.e2e
 async def test_a_session_and_a_prompt_over_ssh(sshd):
     config = demo_over_ssh(sshd.ssh(), "--chunk-delay", "0", "--name", NASTY_VALUE)
     with trio.fail_after(E2E_TIMEOUT):
@@ -630,7 +629,6 @@ async def test_a_session_and_a_prompt_over_ssh(sshd):
     assert not any(m.get("method") == "fs/read_text_file" for m in client.received)
 
 
-@pytest.mark.e2e
 async def test_a_dropped_connection_answers_the_prompt_and_the_next_session_reconnects(
     sshd, record_property
 ):
@@ -682,7 +680,6 @@ async def test_a_dropped_connection_answers_the_prompt_and_the_next_session_reco
     )
 
 
-@pytest.mark.e2e
 async def test_a_silent_connection_is_found_dead_by_the_keepalives(sshd, record_property):
     """
     The sshd serving the agent stops answering (SIGSTOP: no FIN, no RST, as a dead link):
@@ -722,7 +719,6 @@ async def test_a_silent_connection_is_found_dead_by_the_keepalives(sshd, record_
     print(f"remote timings: a silent connection found dead after {found:.3f}s (keepalive 1 s x 2)")
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("fault", ["wrong port", "refused key"])
 async def test_an_ssh_that_cannot_connect_is_a_start_error_naming_the_host(sshd, fault):
     """The client's initialize starts the default agent: it gets the error, with ssh's words."""
@@ -761,7 +757,6 @@ def far_and_near(ssh: SshConfig) -> Config:
     return attrs.evolve(config, agents={**config.agents, "near": near})
 
 
-@pytest.mark.e2e
 async def test_a_remote_agent_delegates_through_a_forwarded_port_to_a_local_child(sshd):
     """
     The far agent's session is offered the http entry on its own loopback, a port its ssh
@@ -783,7 +778,6 @@ async def test_a_remote_agent_delegates_through_a_forwarded_port_to_a_local_chil
     assert forwarded["far"] != listener
 
 
-@pytest.mark.e2e
 async def test_a_taken_remote_port_is_a_start_error_naming_the_host(sshd, monkeypatch):
     """ExitOnForwardFailure: ssh exits 255 when the remote port is taken, a start error."""
     with socket.socket() as taken:
@@ -831,7 +825,6 @@ DOCKER_SKIP = (
 )
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("engine", "launcher", "skip"),
     [

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
     from tests.support.peers.sdk_client import PermissionPolicy
 
-pytestmark = pytest.mark.e2e
 
 MODES = ["direct", "bridge"]
 SCENARIO_TIMEOUT = 20.0  # the asyncio side, so a hang still cleans its processes up

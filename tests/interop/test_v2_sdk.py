@@ -14,13 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from tests.support.peers.npm import INSTALL, npm_peer_bin, npm_peer_dir
 from tests.support.v2_schema import check_to_client
-
-pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "support" / "peers" / "v2_client.mts"

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
 import sys
 
 import orjson
@@ -260,22 +258,6 @@ def test_the_c_scanner_says_line_when_unsure(good):
     assert scan_reference(block(good), BIG)[0][0] == RUN
     assert scan.scan_c is not None
     assert scan.scan_c(block(good), BIG) == [(LINE, 0, len(good))]
-
-
-def test_pure_scan_selects_the_reference():
-    code = (
-        "from acp_bridge.protocol import scan as s; "
-        "print(s.ACCELERATED, s.scan is s.scan_reference)"
-    )
-    for value, expect in (
-        ("1", "False True"),
-        ("0", f"{scan.scan_c is not None} {scan.scan_c is None}"),
-    ):
-        env = {**os.environ, "ACP_BRIDGE_PURE_SCAN": value}
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        assert out.stdout.split() == expect.split()
 
 
 # --------------------------------------------------------------------------- C = reference

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import attrs
@@ -132,26 +131,6 @@ before = heap._mallinfo2()().hblks
 held = bytearray(512 << 10)
 print(heap._mallinfo2()().hblks - before)
 """
-
-
-@glibc
-@pytest.mark.parametrize(("mode", "mapped"), [("fix", 1), ("glibc-default", 0)])
-def test_a_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap(mode, mapped):
-    """
-    After a 4 MiB block is freed, glibc on its own carves a 512 KiB block from the heap (the
-    control); with the threshold fixed, the block gets its own mapping. A fresh interpreter
-    each: the setting is for the process.
-    """
-    if heap._mallinfo2() is None:
-        pytest.skip("mallinfo2 is glibc 2.33's")
-    run = subprocess.run(
-        [sys.executable, "-c", _LARGE_BLOCK_MAPPED, mode],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert int(run.stdout) == mapped
 
 
 def test_fix_mmap_threshold_without_mallopt(monkeypatch):

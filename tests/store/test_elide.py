@@ -5,10 +5,6 @@ C functions held to it: the same bytes for any input, the same refusals for any 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -233,20 +229,3 @@ def test_the_c_codec_takes_any_buffer_and_refuses_a_negative_size():
         elide.restore_c(b"", -1)
     with pytest.raises(TypeError):
         elide.elide_c("text")  # type: ignore[arg-type]
-
-
-def test_pure_scan_stores_runs_as_they_are_and_restores_with_the_reference():
-    code = (
-        "from acp_bridge.store import elide as e; "
-        "print(e.ACCELERATED, e.elide(b'abcdef\\nabcxyz\\n') is None, "
-        "e.restore is e.restore_reference)"
-    )
-    for value, expect in (
-        ("1", "False True True"),
-        ("0", f"{elide.elide_c is not None} {elide.elide_c is None} {elide.elide_c is None}"),
-    ):
-        env = {**os.environ, "ACP_BRIDGE_PURE_SCAN": value}
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        assert out.stdout.split() == expect.split()

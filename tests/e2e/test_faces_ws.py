@@ -1,0 +1,130 @@
+"""
+The tests of ``tests/faces/test_ws.py`` that start other processes (kept here so that
+``pytest tests/faces`` runs in-process only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import ssl
+import stat
+import subprocess
+import sys
+
+import pytest
+import trio
+import trio.testing
+import trio_websocket
+
+from tests.faces.test_ws import (
+    AUTH_HEADERS,
+    NEW_SESSION,
+    TIMEOUT,
+    WsPeer,
+    get_request,
+    http_exchange,
+    open_server,
+)
+from tests.support.fakes import FakeAgent
+
+
+async def test_tls_listener_serves_wss_and_health(tmp_path):
+    """With tls_cert/tls_key the same checks run inside TLS; the URL says wss://."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a test certificate")
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    argv = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    argv += f" -keyout {key} -out {cert} -days 1 -subj /CN=x -addext subjectAltName=IP:127.0.0.1"
+    await trio.run_process(argv.split(), capture_stdout=True, capture_stderr=True)
+    context = ssl.create_default_context(cafile=str(cert))
+    with trio.fail_after(TIMEOUT):
+        async with open_server(
+            {"a": FakeAgent("a")}, tls_cert=str(cert), tls_key=str(key)
+        ) as server:
+            port = server.port
+            assert server.info.url == f"wss://127.0.0.1:{port}/acp"
+            stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port, ssl_context=context)
+            async with stream:
+                # Without a port, Host means 443 under TLS: refused like any foreign Host.
+                await stream.send_all(get_request(port, "/healthz", host="127.0.0.1"))
+                data = b""
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+                assert data.startswith(b"HTTP/1.1 403 ")
+            stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port, ssl_context=context)
+            async with stream, trio.open_nursery() as nursery:
+                ws = await trio_websocket.wrap_client_stream(
+                    nursery, stream, f"127.0.0.1:{port}", "/acp", extra_headers=AUTH_HEADERS
+                )
+                peer = WsPeer(ws)
+                await peer.initialize()
+                assert "sessionId" in (await peer.request("session/new", NEW_SESSION))["result"]
+                await ws.aclose()
+                nursery.cancel_scope.cancel()
+
+
+def test_serve_refuses_a_remote_bind_without_the_flag(tmp_path):
+    """`serve` exits 2 with a hint instead of listening beyond loopback unasked."""
+    config = tmp_path / "c.toml"
+    config.write_text('[agents.a]\ncommand = "x"\n[websocket]\nhost = "0.0.0.0"\ntoken = "t"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)],
+        capture_output=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert b"--allow-remote" in result.stderr
+
+
+async def test_serve_process_answers_healthz_and_stops_on_sigterm(tmp_path):
+    """The real daemon on port 0 reports its URL, answers /healthz 200, exits 0 on SIGTERM."""
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
+        'args = ["-m", "acp_bridge", "demo-agent"]\n'
+        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
+    )
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    with trio.fail_after(30):
+        proc = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert proc.stderr is not None
+            seen = b""
+            while (m := re.search(rb"listening on (ws://\S+)", seen)) is None:
+                chunk = await proc.stderr.receive_some(65536)
+                assert chunk, seen.decode(errors="replace")
+                seen += chunk
+            url = m.group(1).decode()
+            port = int(re.fullmatch(r"ws://127\.0\.0\.1:(\d+)/acp", url).group(1))
+
+            async def drain() -> None:
+                assert proc.stderr is not None
+                while await proc.stderr.receive_some(65536):
+                    pass
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain)
+                response = await http_exchange(port, get_request(port, "/healthz"))
+                assert response.status == 200
+                assert json.loads(response.body)["agents"]["demo"]["state"] == "ready"
+                token_file = tmp_path / "token"
+                assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()

@@ -1,8 +1,8 @@
 """
-A focused A/B of the WebSocket round trip (issue 23 item 2): ``serve`` of this checkout and
-of another one (``--compare DIR``: e.g. ``git worktree add DIR REV``), and supergateway, all
-alive at once, their ``session/set_mode`` round trips taken in interleaved blocks so that a
-busy moment of a shared machine lands on every variant alike.
+A focused A/B of the WebSocket round trip: ``serve`` of this checkout and of another one
+(``--compare DIR``: e.g. ``git worktree add DIR REV``), and supergateway, all alive at once,
+their ``session/set_mode`` round trips taken in interleaved blocks so that a busy moment of a
+shared machine lands on every variant alike.
 
     python -m bench.ab_round_trip --compare DIR [--blocks 20] [--block 200]
 

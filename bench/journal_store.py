@@ -8,8 +8,8 @@ Writes ``--entries`` chat-sized updates of one session (about 200 bytes each) in
 journal writes), then checkpoints the WAL, and prints the CPU time (user + system) and the
 wall time per entry. The store the bridge opens (``open_store``: the bytes in segment
 files, ``fdatasync``\ed each commit, the index in SQLite) is measured side by side with the
-layouts it had before (the bytes inline in SQLite rows: 16 KiB pages until issue 23; a
-WITHOUT ROWID table; 4 KiB pages), each in a fresh file in a temporary directory,
+layouts it is the alternative to (the bytes inline in SQLite rows, in a rowid or a WITHOUT
+ROWID table, with 16 or 4 KiB pages), each in a fresh file in a temporary directory,
 ``--repeat`` times each (the least is the figure to go by).
 """
 

@@ -3,7 +3,6 @@ Where the bridge's time goes during a flood: a py-spy profile of ``acp-bridge st
 one session streams N ``agent_message_chunk`` updates, summed up by what the code does.
 
     python -m bench.profile [--updates N] [--journal on|off] [--rate HZ] [--raw FILE]
-    (or ./scripts/bench --profile ...)
 
 It starts the bench's flood agent behind a bridge (the bench's config: 50 policy rules, the
 journal on or off), warms it up, then records the bridge with ``py-spy record --threads``

@@ -17,7 +17,7 @@ from bench.targets import NOT_MEASURED
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# --- targets (from the issue) ----------------------------------------------------------
+# --- targets ---------------------------------------------------------------------------
 
 
 def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,7 +72,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         lambda v: v <= 0.05 * first,
         f"{(g or 0) / 2**20:+.1f} MiB",
     )
-    # issue 23
+    # start-up and the peers
     o = results["startup"].get("overhead_ms")
     add("start-up: initialize overhead <= 150 ms", o, lambda v: v <= 150, f"{o or 0:+.0f} ms")
     d = (results["throughput"].get("peers") or {}).get("supergateway", {})

@@ -628,8 +628,8 @@ def startup(s: Settings, scratch: Path) -> dict[str, Any]:
 
     The package's bytecode is compiled first, as ``pip install`` does at install time: an
     editable install run with ``PYTHONDONTWRITEBYTECODE`` set would otherwise compile every
-    module from source at each start (about 80 ms of CPU for the bridge), which no installed
-    copy does.
+    module from source at each start (a large part of the bridge's start-up), which no
+    installed copy does.
     """
     where = scratch / "startup"
     where.mkdir()

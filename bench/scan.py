@@ -1,7 +1,7 @@
 """
-The line scanner's cost per line (issue 23 item 1): ``acp_bridge.protocol.scan``'s C scanner, its
-pure-Python reference, and what the agent reader did before it (LineDecoder plus one
-``protocol.jsonrpc.loads`` per line), on one realistic read of an agent's stdout.
+The line scanner's cost per line: ``acp_bridge.protocol.scan``'s C scanner, its pure-Python
+reference, and decoding every line instead (LineDecoder plus one ``protocol.jsonrpc.loads``
+per line), on one realistic read of an agent's stdout.
 
     python -m bench.scan [--lines N] [--repeat R]
 
@@ -60,7 +60,7 @@ def realistic_block(lines: int, seed: int = 1) -> bytes:
 
 
 def per_line_loads(block: bytes) -> None:
-    """What the reader did per read before the scanner: split, then decode every line."""
+    """The way without a scanner: split the read, then decode every line."""
     for line in LineDecoder(max_line_bytes=MAX_LINE).feed(block):
         if type(line) is bytes:
             loads(line)

@@ -106,8 +106,8 @@ def read_rss(pid: int) -> int:
 
 def c_relay(directory: Path) -> Path:
     """
-    ``bench/c_relay.c`` compiled into ``directory`` (once) with the C
-    compiler the C line scanner is built with; :class:`peers.PeerUnavailable` without one.
+    ``bench/c_relay.c`` compiled into ``directory`` (once) with the C compiler the C line
+    scanner is built with; :class:`peers.PeerUnavailable` without one.
     """
     binary = directory / "c_relay"
     if binary.exists():

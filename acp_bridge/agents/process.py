@@ -123,7 +123,7 @@ class StderrRing:
 
 class Reaper:
     """
-    Client side of the reaper watchdog (see ``agents.reaper.py``): registers agent process groups.
+    Client side of the reaper watchdog (see ``agents.reaper``): registers agent process groups.
 
     Resource handling: run :meth:`run` in the bridge's nursery; when the bridge ends normally it
     closes the pipe after every agent was stopped, and the watchdog exits with nothing to do.
@@ -434,7 +434,7 @@ def make_in_process_launcher(
             on_start(config.name)
         # Lockstep toward the agent, like a pipe with no slack: an agent that stops reading
         # blocks the bridge's writer, as a full pipe would.
-        import trio.testing  # (not at import: it brings pytest along, 0.3 s of start-up)
+        import trio.testing  # (not at import: it brings pytest along, dear at start-up)
 
         to_agent_send, to_agent_recv = trio.testing.lockstep_stream_pair()
         from_agent_send, from_agent_recv = trio.testing.memory_stream_pair()

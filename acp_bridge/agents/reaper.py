@@ -2,12 +2,11 @@
 The reaper: a tiny watchdog process that kills the bridge's agents if the bridge dies.
 
 The bridge starts it once (``python -m acp_bridge.agents.reaper``) in a session of its own,
-and tells
-it on stdin about every agent process group: ``+PGID`` when one starts, ``-PGID`` when it has
-been reaped. When its stdin reaches EOF (the bridge exited, however abruptly: even SIGKILL
-closes the pipe), it sends SIGTERM to every group still registered, waits briefly, then
-SIGKILL. Agents run in their own process group, so their children (grandchildren of the bridge)
-go with them.
+and tells it on stdin about every agent process group: ``+PGID`` when one starts, ``-PGID``
+when it has been reaped. When its stdin reaches EOF (the bridge exited, however abruptly:
+even SIGKILL closes the pipe), it sends SIGTERM to every group still registered, waits
+briefly, then SIGKILL. Agents run in their own process group, so their children
+(grandchildren of the bridge) go with them.
 
 Stdlib only, no trio: it must start fast and hold no state but a set of integers.
 """

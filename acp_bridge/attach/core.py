@@ -1,9 +1,9 @@
 """
-The attach shim's decisions (run by ``faces.attach.py``): no I/O, no trio, no clock.
+The attach shim's decisions (run by ``faces.attach``): no I/O, no trio, no clock.
 
 :class:`AttachCore` is fed the editor's lines and the bridge's frames and says what goes where;
-``faces.attach.py`` runs it with one task per direction and peer. The sessions it takes back after a
-reconnect are kept by a :class:`~acp_bridge.attach.sessions.SessionBook` it owns.
+``faces.attach`` runs it with one task per direction and peer. The sessions it takes back after
+a reconnect are kept by a :class:`~acp_bridge.attach.sessions.SessionBook` it owns.
 :class:`Backoff` spaces the reconnection attempts, given a source of jitter.
 
 Ids:

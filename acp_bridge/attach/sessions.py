@@ -222,7 +222,7 @@ class SessionBook:
                 method = "session/load"
                 ours["after_seq"] = tracked.last_seq
                 # The editor's stream goes on even when only the bridge's journal has the
-                # session (the daemon restarted): as before, a prompt then says why it fails.
+                # session (the daemon restarted); a prompt then says why it fails.
                 ours["journal_replay"] = True
             if ours:
                 params["_meta"] = {"acp_bridge": ours}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from acp_bridge import __version__
 
 # (The configuration's code, attrs and cattrs, is imported where it is used: ``acp-bridge
-# stdio`` spawns its default agent before that, see _prespawn.)
+# stdio`` spawns its default agent before that, see ``agents.prespawn``.)
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import IO
@@ -269,10 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from acp_bridge.agents.prespawn import claim_stdout, prespawn
 
         protocol_fd = claim_stdout()
-        # The default agent starts now, while the bridge imports (_prespawn).
+        # The default agent starts now, while the bridge imports (agents.prespawn).
         prespawned = prespawn(args.config, args.agent)
         if prespawned is not None and prespawned.popen is not None and not args.trace:
-            # The imports in a thread while initialize is answered here (_early). (Not with
+            # The imports in a thread while initialize is answered here (faces.early). (Not with
             # --trace: the trace would miss those messages.)
             from acp_bridge.faces import early as early_start
 
@@ -331,7 +331,7 @@ def _main_started(
     from acp_bridge.config.model import ConfigError
 
     try:
-        # (loaded in _early's thread: its result, or its error raised here)
+        # (loaded in faces.early's thread: its result, or its error raised here)
         config = _v2_override(_load(args), args) if background is None else background.config()
     except ConfigError as exc:
         print(f"acp-bridge: {exc}", file=sys.stderr)
@@ -439,13 +439,13 @@ def _run(
 
 def _freeze_start_up() -> None:
     """
-    What start-up made (the modules, their classes and functions, the configuration: some
-    36,000 objects) lives as long as the process: ``gc.freeze`` takes it out of the cyclic
-    collector's generations, so that its full passes, which the traffic triggers now and
-    then, walk only what the traffic made. In the scale benchmark a full pass held the
-    event loop 20-28 ms, the probe's p99 (docs/performance.md, "Third round"). Objects
-    freed by their reference count are freed as before; only cycles among these objects
-    would no longer be collected.
+    What start-up made (the modules, their classes and functions, the configuration: tens of
+    thousands of objects) lives as long as the process: ``gc.freeze`` takes it out of the
+    cyclic collector's generations, so that its full passes, which the traffic triggers now
+    and then and which hold the event loop, walk only what the traffic made (a round trip
+    that lands in one waits for it: docs/performance.md, "Start-up: initialize answered
+    before the imports"). Objects freed by their reference count are freed as usual; only
+    cycles among these objects are never collected.
     """
     import gc
 

@@ -146,7 +146,7 @@ async def run_prompt(
 
     ``redactor`` becomes the bridge's (pass the one logging was configured with).
     """
-    import trio.testing  # here, not at import: it brings pytest along (0.1-0.3 s of start-up)
+    import trio.testing  # here, not at import: it brings pytest along, dear at start-up
 
     client_side, bridge_side = trio.testing.memory_stream_pair()
     session_cwd = os.path.abspath(cwd or os.getcwd())  # noqa: ASYNC240 (no I/O: string work)

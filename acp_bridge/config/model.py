@@ -421,7 +421,7 @@ def _quick_config(data: object) -> Config | None:
     return Config(agents=agents, **tables)
 
 
-# --- messages shared with the converter (_config_cattrs) ---------------------------------
+# --- messages shared with the converter (config.structure) -------------------------------
 
 _NO_AGENTS: Final = "no agents configured: add an [agents.NAME] table with a command"
 _BAD_NAME: Final = "invalid agent name: use letters, digits, '_', '.' and '-'"

@@ -4,9 +4,9 @@ The configuration's cattrs converter, and its errors as one line per problem.
 Imported only when the quick structuring in :mod:`acp_bridge.config.model` (``_quick_config``)
 leaves a document to it: a document with a mistake, or with a part the quick structuring does
 not take (``ssh``, ``launcher``, anything but a table, string, number, boolean or array of
-strings). cattrs builds its structuring code at run time; importing it and building that code
-cost about 15 ms, which ``acp-bridge stdio`` spent before it could answer ``initialize``
-Every message comes from here.
+strings). cattrs builds its structuring code at run time, and importing it and building that
+code is work ``acp-bridge stdio`` would do before it could answer ``initialize``. Every message
+comes from here.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def make_converter(schema: Schema) -> cattrs.Converter:
     return converter
 
 
-#: the converter of each schema (one: _config's), made at its first document
+#: the converter of each schema (one: config.model's), made at its first document
 _CONVERTERS: dict[Schema, cattrs.Converter] = {}
 
 

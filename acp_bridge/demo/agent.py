@@ -3,7 +3,7 @@ The bundled demo agent: a deterministic, scripted ACP v1 agent (no model, no net
 
 It speaks NDJSON JSON-RPC 2.0 over any pair of trio byte streams, so tests drive it in-process
 over memory streams and ``acp-bridge demo-agent`` runs it over stdin/stdout. What it does with a
-prompt depends only on the prompt text: the script is ``demo.script.py`` (pure), played here.
+prompt depends only on the prompt text: the script is ``demo.script`` (pure), played here.
 Every update of a turn is sent before the ``session/prompt`` response, and a ``session/load``
 replay before the load response.
 

@@ -1,7 +1,7 @@
 """
 The demo agent's script, pure: what a prompt asks for, and what the agent answers with.
 
-What the bundled demo agent (``demo.agent.py``) does with a prompt depends only on the prompt
+What the bundled demo agent (``demo.agent``) does with a prompt depends only on the prompt
 text (see :func:`parse_script`):
 
 - ``fail``: answer the prompt with a JSON-RPC error (-32603).
@@ -15,9 +15,8 @@ text (see :func:`parse_script`):
   tool (the ``acp-bridge`` MCP server its ``session/new`` gave it, http or stdio) to start a
   sub-agent on AGENT with TEXT, and stream the child's answer (docs/subagents.md).
 - ``env NAME``: stream ``NAME=VALUE`` of the agent's environment (``NAME is not set``; a
-  secret-looking name, as :data:`acp_bridge.observe.redact.SECRET_NAME` sees them, shows ``***``):
-   where
-  it runs, e.g. ``SSH_CONNECTION`` over ssh.
+  secret-looking name, as :data:`acp_bridge.observe.redact.SECRET_NAME` sees them, shows
+  ``***``): where it runs, e.g. ``SSH_CONNECTION`` over ssh.
 - anything else: a ``plan``, then "You said: <text>" streamed word by word.
 
 Keywords are case-insensitive whole words, tried in that order.

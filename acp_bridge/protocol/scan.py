@@ -3,18 +3,17 @@ The line scanner: one read of an agent's stdout, split into lines, with the runs
 ``session/update`` notifications of one session found without decoding them.
 
 Pure: no I/O, no trio. :func:`scan_reference` is the definition, in Python: it decodes each
-line with the bridge's codec. ``acp_bridge.protocol.scanc`` (C, compiled by pip at install time when
-a compiler is there; optional) does the same in one validating pass over the bytes and is held
-equal to the reference by tests/protocol/test_scan.py. :data:`scan` is the C one when it was
-built and
-the environment variable ``ACP_BRIDGE_PURE_SCAN`` is not ``1``; the reference otherwise
-(:data:`ACCELERATED` says which).
+line with the bridge's codec. ``acp_bridge.protocol.scanc`` (C, compiled by pip at install
+time when a compiler is there; optional) does the same in one validating pass over the bytes
+and is held equal to the reference by tests/protocol/test_scan.py. :data:`scan` is the C one
+when it was built and the environment variable ``ACP_BRIDGE_PURE_SCAN`` is not ``1``; the
+reference otherwise (:data:`ACCELERATED` says which).
 
 A line is PLAIN (see :func:`plain_session`) when it decodes to a JSON-RPC 2.0
 ``session/update`` notification (no ``id``) whose ``params`` is an object with a string
 ``sessionId`` and an object ``update`` whose ``sessionUpdate`` is a string that is not a setup
-update (:data:`acp_bridge.sessions.table.SETUP_UPDATES`: those change the session's recorded state,
-so the caller decodes them), and it holds no ``\\r`` but possibly as its last byte. The C
+update (:data:`acp_bridge.protocol.jsonrpc.SETUP_UPDATES`: those change the session's recorded
+state, so the caller decodes them), and it holds no ``\\r`` but possibly as its last byte. The C
 scanner is sound and may be conservative: it calls a line plain only if the reference does,
 with the same session id; on what is rare (an escape in a key or in the values it reads, a
 duplicate of a key it reads, numbers that could overflow a double) it says LINE and the

@@ -671,9 +671,8 @@ elide(PyObject *self, PyObject *arg)
     }
     Py_ssize_t size = -1;
     if (out != NULL) {
-        /* (with the GIL held: a run of 64 KiB takes a few microseconds, and letting the GIL
-         * go for them cost the writer a context switch to take it back, as much CPU as the
-         * bytes saved) */
+        /* (with the GIL held: a run of 64 KiB is over in a few microseconds, and letting the
+         * GIL go for so little costs the writer a context switch to take it back) */
         size = elide_into(buf.buf, buf.len, (unsigned char *)PyBytes_AS_STRING(out));
     }
     PyBuffer_Release(&buf);

@@ -5,8 +5,7 @@ what it really holds.
 glibc's ``malloc`` keeps what a process frees for reuse and returns to the system only free
 space at the very top of a heap. A relay allocates buffers of every size all the time (reads,
 lines, write batches, replays), so its heaps fragment: free pages stay resident between live
-blocks, and RSS creeps up while live memory stays flat. The soak measured +185 KiB/min over
-20 minutes; ``malloc_trim(0)`` on that daemon released 20 MiB of the 113 MiB at once.
+blocks, and RSS creeps up while live memory stays flat (``bench.soak`` shows it).
 
 :func:`trim_heap_forever` calls ``malloc_trim(0)`` in a worker thread (it walks every free
 block, a few milliseconds for tens of MiB, and the event loop keeps running meanwhile): once

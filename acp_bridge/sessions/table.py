@@ -1,7 +1,7 @@
 """
 Routing state: which agent owns which session, and which requests are waiting on whom.
 
-Pure: no I/O, no trio. The bridge (``engine.bridge.py``) owns one :class:`SessionTable` and one
+Pure: no I/O, no trio. The bridge (``engine.bridge``) owns one :class:`SessionTable` and one
 :class:`PendingTable` per link; it asks them where a message goes and performs the answer.
 
 Session ids: the client sees *bridge* session ids. A bridge id equals the agent's own id
@@ -56,7 +56,7 @@ Chunk: TypeAlias = "tuple[int, int, bytes, bool]"
 def chunk_lines(chunk: Chunk) -> list[bytes]:
     """The messages of a chunk, each with its line end."""
     first, last, data, _ = chunk
-    # (a run holds no CR but at its lines' ends: the scan made sure, see _scan)
+    # (a run holds no CR but at its lines' ends: the scan made sure, see protocol.scan)
     return [data] if first == last else data.splitlines(keepends=True)
 
 
@@ -488,7 +488,7 @@ class Forwarded:
     session: Session | None = None
     #: extra context the bridge needs when the answer comes (e.g. the agent chosen)
     context: Any = None
-    #: the approval state of a permission request the client is asked (see _approvals)
+    #: the approval state of a permission request the client is asked (see engine.approvals)
     extra: Any = None
 
 

@@ -2,9 +2,9 @@
 The bridge's SQLite store: sessions and their journal, pending approvals, the audit log.
 Standard-library ``sqlite3``, WAL, one writer.
 
-Pure of trio: the blocking calls live here; ``engine.audit.AuditLog`` and ``engine.journal.Journal``
-are
-the trio adapters that batch writes and run them off the event loop.
+Pure of trio: the blocking calls live here; ``engine.audit.AuditLog`` and
+``engine.journal.Journal`` are the trio adapters that batch writes and run them off the event
+loop.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ MIGRATIONS: Final[Sequence[str]] = (
     );
     """,
     # The journal keeps runs: consecutive entries of a session, with the same ``live``, in
-    # one row (each entry one newline-terminated line of ``data``). An insert costs about
-    # 10 us here, as much as relaying the update itself: one row per entry doubled the
-    # bridge's cost per update; one row per run and per commit makes it negligible.
+    # one row (each entry one newline-terminated line of ``data``). An insert costs about as
+    # much as relaying the update itself: one row per entry would double the bridge's cost
+    # per update; one row per run and per commit makes it negligible.
     """
     CREATE TABLE journal_runs (
         session TEXT NOT NULL,
@@ -121,8 +121,8 @@ MIGRATIONS: Final[Sequence[str]] = (
     """,
     # The journal as a rowid table with a unique index on (session, first_seq), not a
     # WITHOUT ROWID table: its rows are runs of up to 64 KiB, which SQLite lays out as
-    # overflow chains; in a rowid table they cost ~10% less CPU to insert (0.98 -> 0.88 us
-    # per entry with ``bench/journal_store.py``), and the index holds only the two keys.
+    # overflow chains, which a rowid table inserts with less CPU (``bench/journal_store.py``
+    # compares the layouts), and the index holds only the two keys.
     """
     CREATE TABLE journal_rows (
         session TEXT NOT NULL,
@@ -138,7 +138,7 @@ MIGRATIONS: Final[Sequence[str]] = (
     ALTER TABLE journal_rows RENAME TO journal;
     CREATE UNIQUE INDEX journal_run ON journal (session, first_seq);
     """,
-    # The age limit's index: without it each retention pass read the whole journal.
+    # The age limit's index: without it each retention pass would read the whole journal.
     """
     CREATE INDEX journal_time ON journal (time);
     """,
@@ -147,8 +147,8 @@ MIGRATIONS: Final[Sequence[str]] = (
     ALTER TABLE sessions ADD COLUMN parent TEXT;
     """,
     # The journal's bytes in segment files (``store.segments``): a row written since holds the
-    # run's place there and an empty ``data``; rows written before keep theirs inline (read
-    # as before: no rewrite of an existing store). The partial index finds whether a segment
+    # run's place there and an empty ``data``; older rows keep theirs inline (read as they
+    # are: no rewrite of an existing store). The partial index finds whether a segment
     # is still referenced (retention deletes the files no row points into).
     """
     ALTER TABLE journal ADD COLUMN segment INTEGER;
@@ -167,9 +167,8 @@ MIGRATIONS: Final[Sequence[str]] = (
 
 #: The page size of a new store (an existing one keeps its own). 16 KiB, not SQLite's 4 KiB:
 #: the journal's runs span a quarter of the pages, and each page written costs system calls
-#: twice (the WAL, then the checkpoint): the store's CPU per journal entry halves (measured
-#: with ``bench/journal_store.py``), while a commit of one small update writes a few pages of
-#: 16 KiB instead of 4.
+#: twice (the WAL, then the checkpoint), so fewer, larger pages cost the store less CPU per
+#: journal entry, while a commit of one small update writes only a few pages either way.
 PAGE_SIZE: Final = 16 * 1024
 
 #: Compaction copies at most this many bytes per retention pass, or, when more, what the
@@ -321,7 +320,7 @@ class Store:
         dead: dict[int, int] = {}  # (segment: bytes of the rows the transaction removes)
         if rows and self.segments is not None:
             # Each run's lines with the prefix shared with the line before elided, here in the
-            # writer's thread: a third of a flood's bytes to write (None: not smaller, as is).
+            # writer's thread: far fewer bytes to write (None: not smaller, stored as is).
             elided = [elide.elide(row[5]) for row in rows]
             blobs = [row[5] if e is None else e for row, e in zip(rows, elided, strict=True)]
             segment, start = self.segments.append(blobs)
@@ -481,8 +480,8 @@ class Store:
         return self._bounds(session)
 
     def _bounds(self, session: str) -> tuple[int, int]:
-        # Seeks in the (session, first_seq) index. (MIN/MAX over the session's rows read
-        # every one of them: a cost per load that grew with the journal.)
+        # Seeks in the (session, first_seq) index. (MIN/MAX over the session's rows would
+        # read every one of them: a cost per load that grows with the journal.)
         first = self._conn.execute(
             "SELECT first_seq FROM journal WHERE session = ? ORDER BY first_seq LIMIT 1",
             (session,),
@@ -514,8 +513,8 @@ class Store:
         the entries removed.
 
         Each session costs index seeks and the runs removed; the age limit, a range of
-        the ``time`` index. Nothing here reads the whole journal: a pass over a journal of a
-        million runs took 7.6 s, and commits waited behind it. Then compaction of the segment
+        the ``time`` index. Nothing here reads the whole journal: on a large journal such a
+        pass takes seconds, and commits wait behind it. Then compaction of the segment
         files (``_Compaction.run``), at most ``compact_bytes`` copied (None: ``COMPACT_BYTES`` or
         what was appended since the last pass, whichever is more).
         """

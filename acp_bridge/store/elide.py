@@ -2,8 +2,8 @@
 A journal run stored with each line's prefix shared with the line before elided (fewer
 bytes for the journal to write). A session's updates share a long envelope
 (``{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"…","update":{…``), so a
-run of them shrinks about threefold (docs/performance.md, "The journal's runs stored with
-shared prefixes elided").
+run of them shrinks to a fraction of its size (docs/performance.md, "The journal's runs
+stored with shared prefixes elided").
 
 Pure: no I/O, no trio. The format, for any bytes (not only JSON lines):
 
@@ -28,11 +28,10 @@ smaller than the raw bytes, and the store then keeps them as they are: a stored 
 bigger than its bytes.
 
 :func:`elide_reference` and :func:`restore_reference` are the definition, in Python;
-``acp_bridge.protocol.scanc`` (the optional C extension, ``acp_bridge/protocol/scanc.c``) has the
-same two,
-held equal to them by tests/store/test_elide.py. :func:`elide` is the C one, or, without it (not
-built, or ``ACP_BRIDGE_PURE_SCAN=1``), one that elides nothing: the reference costs
-microseconds per line in the journal's writer thread, more than the bytes it saves.
+``acp_bridge.protocol.scanc`` (the optional C extension, ``acp_bridge/protocol/scanc.c``) has
+the same two, held equal to them by tests/store/test_elide.py. :func:`elide` is the C one, or,
+without it (not built, or ``ACP_BRIDGE_PURE_SCAN=1``), one that elides nothing: in the
+journal's writer thread the Python reference would cost more than the bytes it saves.
 :func:`restore` is the C one or the reference.
 """
 

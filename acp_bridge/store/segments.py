@@ -1,9 +1,9 @@
 """
 The journal's bytes in append-only segment files beside the store's database
 (``<db>.journal/000001.seg``...): SQLite keeps only the index of each run (its segment, offset
-and length). SQLite wrote each byte of a run twice (the WAL, then the checkpoint) with system
-calls per page; a segment takes a commit's runs in one ``writev`` (docs/performance.md, "The
-journal's bytes in append-only segments").
+and length). SQLite would write each byte of a run twice (the WAL, then the checkpoint) with
+system calls per page; a segment takes a commit's runs in one ``writev`` (docs/performance.md,
+"The journal's bytes in append-only segments").
 
 Durability: :meth:`Segments.append` ``fdatasync``\\s the bytes before it returns, and the store
 commits the index rows after it: an index row never points at bytes an OS crash could lose.
@@ -69,9 +69,8 @@ class Segments:
         finally:
             self._size = os.fstat(self._fd).st_size
         # Synced, so clean: let the kernel drop those pages now. The journal is read back
-        # rarely (a replay, an export), and keeping a flood's pages cached made the next
-        # writes dearer: in a flood through the bridge the writer thread's CPU per update
-        # fell from 0.30-0.35 to 0.10-0.25 us with this (docs/performance.md).
+        # rarely (a replay, an export), and keeping a flood's pages cached makes the next
+        # writes dearer for the writer thread.
         with contextlib.suppress(OSError):
             os.posix_fadvise(self._fd, start, self._size - start, os.POSIX_FADV_DONTNEED)
         return self._number, start

@@ -677,6 +677,22 @@ def startup(s: Settings, scratch: Path) -> dict[str, Any]:
 # --- main ------------------------------------------------------------------------------
 
 
+def _warn_unbuilt_scanner(checkout: Path) -> None:
+    """A git checkout has the C scanner's source, not the module pip builds from it: say so."""
+    # (the scanner's place: protocol/ since the subpackages, the package's root before)
+    for where in (checkout / "acp_bridge" / "protocol", checkout / "acp_bridge"):
+        sources = list(where.glob("*scanc.c"))
+        if sources and not list(where.glob("*scanc*.so")):
+            inside = where.relative_to(checkout)
+            print(
+                f"bench: --compare {checkout}: its C line scanner is not built, so it runs "
+                "the pure-Python one; build it there first: pip wheel --no-deps -w W DIR, "
+                f"then unzip -j W/*.whl '{inside}/*scanc*' -d DIR/{inside}",
+                file=sys.stderr,
+            )
+            return
+
+
 def parse_args(argv: list[str] | None) -> Settings:
     p = argparse.ArgumentParser(
         prog="bench", description="acp-bridge benchmark: the bridge vs a direct pipe"
@@ -724,16 +740,8 @@ def parse_args(argv: list[str] | None) -> Settings:
     a = p.parse_args(argv)
     if a.compare is not None and not (a.compare / "acp_bridge" / "__init__.py").is_file():
         p.error(f"--compare {a.compare}: no acp_bridge package there")
-    if a.compare is not None and (a.compare / "acp_bridge" / "_scanc.c").is_file():
-        built = list((a.compare / "acp_bridge").glob("_scanc*.so"))
-        if not built:
-            # (a git checkout has the C scanner's source, not the module pip builds from it)
-            print(
-                f"bench: --compare {a.compare}: its C line scanner is not built, so it runs "
-                "the pure-Python one; build it there first: pip wheel --no-deps -w W DIR, "
-                "then unzip -j W/*.whl 'acp_bridge/protocol/scanc*' -d DIR/acp_bridge",
-                file=sys.stderr,
-            )
+    if a.compare is not None:
+        _warn_unbuilt_scanner(a.compare)
     q = a.quick
 
     def pick(value: int | float | None, full: int | float, quick: int | float) -> Any:
@@ -818,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results["targets"] = evaluate(results)
         text = render_table(table_rows(results))
-        text += "\n\nTargets (issues 7 and 23):\n" + render_targets(results["targets"])
+        text += "\n\nTargets:\n" + render_targets(results["targets"])
     except Exception as exc:  # a scenario failed so badly its section is missing
         traceback.print_exc()
         results.setdefault("errors", []).append(failure(exc))

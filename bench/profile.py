@@ -44,10 +44,10 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         (
             "JSON decode and checks",
             r"^(loads|_fast_loads|_reference_loads|_deeper_than) "
-            r".*_jsonrpc",
+            r".*acp_bridge/protocol/jsonrpc",
         ),
-        ("JSON encode", r"^(dumps|_fast_dumps) .*_jsonrpc"),
-        ("line split and scan", r"\(.*acp_bridge/_(framing|scan)\.py|^scan "),
+        ("JSON encode", r"^(dumps|_fast_dumps) .*acp_bridge/protocol/jsonrpc"),
+        ("line split and scan", r"\(.*acp_bridge/protocol/(framing|scan)\.py|^scan "),
         (
             "pipe read (system call)",
             r"^(\w+\.)?(receive_some|read_now) .*(acp_bridge/runtime/pipes|trio/_unix_pipes)",
@@ -57,7 +57,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"^(\w+\.)?(write_now|send_all) "
             r".*(acp_bridge/runtime/pipes|trio/_unix_pipes)",
         ),
-        ("history and journal notes", r"\(.*acp_bridge/(_routing|_journal)\.py"),
+        ("history and journal notes", r"\(.*acp_bridge/(sessions/table|engine/journal)\.py"),
         (
             "relay: routing, client queue",
             r"^(Relay\.(relay_run|_relay_part|relay_update|record_update|reader|_reader_turn) "

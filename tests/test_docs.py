@@ -241,7 +241,7 @@ def _code_extensions() -> tuple[set[str], set[str]]:
     """
     methods: set[str] = set()
     keys: set[str] = set()
-    for source in sorted((ROOT / "acp_bridge").glob("*.py")):
+    for source in sorted((ROOT / "acp_bridge").rglob("*.py")):
         tree = ast.parse(source.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -218,7 +218,7 @@ class WebSocketFace:
         #: the approval console on this listener
         self.console = ConsoleService(
             bridge.approvals,
-            bridge.audit,
+            bridge.hub.audit,
             self.policy,
             tls=ssl_context is not None,
             send_timeout=settings.ping_timeout,
@@ -411,7 +411,7 @@ class WebSocketFace:
         client = self._bridge.open_client(f"ws:{conn_id[:8]}", blocking=False)
         ending = _Ending(trio.CancelScope())
         handle = self._bridge.handle_client_line
-        gate = V2Gate(client, handle) if self._bridge.config.bridge.experimental_v2 else None
+        gate = V2Gate(client, handle) if self._bridge.hub.config.bridge.experimental_v2 else None
         idle = _Idle(self._settings.idle_timeout) if self._settings.idle_timeout > 0 else None
         try:
             with ending.scope:

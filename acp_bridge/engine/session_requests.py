@@ -79,7 +79,6 @@ class SessionRequests:
         subagents: Subagents,
     ) -> None:
         self._hub = hub
-        self._reply_error = hub.reply_error
         self._agents = hub.agents
         self._sessions = hub.sessions
         self._supervisor = supervisor

@@ -75,7 +75,6 @@ class Supervisor:
         subagents: Subagents,
     ) -> None:
         self._hub = hub
-        self._agents = hub.agents
         self._sessions = hub.sessions
         self._launcher = launcher
         self._logs = logs

@@ -135,7 +135,7 @@ class _Idle:
     """
     A connection's idle timer (``idle_timeout``): one task that sleeps until the reader has
     waited ``timeout`` seconds for a message, rather than a timeout entered and left around
-    every read (a cancel scope: about 5 µs a message, on a round trip's path).
+    every read (a cancel scope per message, on a round trip's path).
     """
 
     timeout: float

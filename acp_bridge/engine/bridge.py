@@ -96,7 +96,7 @@ class Bridge:
         self.reverse = Reverse(hub, self.approvals)
         self.reattach = Reattach(hub, self.logs, self.reverse, self.approvals)
         self.from_agent = FromAgent(hub, self.logs, self.reverse, self.reattach)
-        # (the one need against the order: a child's agent started by the supervisor)
+        # (the Bridge itself: a child's agent is started by the supervisor, built after it)
         self.subagents = Subagents(hub, self.from_agent, self.approvals, self.reattach, self)
         self.supervisor = Supervisor(
             hub, launcher, self.logs, self.from_agent, self.approvals, self.subagents
@@ -122,6 +122,7 @@ class Bridge:
             self.reverse,
             self.approvals,
         )
+        # what the services publish, and who listens
         hub.sessions.moved.subscribe(self.reattach.kept_moved)
         hub.sessions.removed.subscribe(self.subagents.removed)
         self.from_agent.opened.subscribe(self.subagents.opened)

@@ -77,11 +77,9 @@ class FromAgent:
         self._relay = Relay(hub, self)
         #: one life of an agent's stdout read until EOF (:meth:`Relay.reader`)
         self.reader = self._relay.reader
-        #: the hot path (:meth:`Relay.relay_update`)
-        self.relay_update = self._relay.relay_update
 
     async def line(self, agent: AgentLink, line: bytes | Oversize) -> None:
-        """Any line of an agent's that :meth:`relay_update` did not take."""
+        """Any line of an agent's that the relay (:meth:`Relay.relay_update`) did not take."""
         self._counters["from_agent"] += 1
         if self._tracer is not None and isinstance(line, bytes):
             self._tracer(f"agent:{agent.name}", "in", line)
@@ -115,7 +113,7 @@ class FromAgent:
                 agent.answer(dumps(rpc.error(req_id, JsonRpcError.invalid_request())))
 
     async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
-        """A session/update :meth:`relay_update` left: maybe held, maybe waiting for room."""
+        """A session/update the relay left: maybe held, maybe waiting for room."""
         params = msg.get("params")
         sid = params.get("sessionId") if type(params) is dict else None
         session = self._sessions.find(agent.name, sid) if type(sid) is str else None

@@ -43,9 +43,9 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         (
             "JSON decode and checks",
             r"^(loads|_fast_loads|_reference_loads|_deeper_than) "
-            r".*protocol/jsonrpc",
+            r".*acp_bridge/protocol/jsonrpc",
         ),
-        ("JSON encode", r"^(dumps|_fast_dumps) .*protocol/jsonrpc"),
+        ("JSON encode", r"^(dumps|_fast_dumps) .*acp_bridge/protocol/jsonrpc"),
         ("line split and scan", r"\(.*acp_bridge/protocol/(framing|scan)\.py|^scan "),
         (
             "pipe read (system call)",

@@ -67,8 +67,8 @@ PURE_SHARE_FLOOR = 0.40
 MAX_MODULE_LINES = 900
 MAX_CLASS_LINES = 500
 #: Constructors take the services they use, typed: few parameters, and few callables.
-MAX_CONSTRUCTOR_PARAMS = 12
-MAX_CALLABLE_PARAMS = 57
+MAX_CONSTRUCTOR_PARAMS = 10
+MAX_CALLABLE_PARAMS = 12
 #: Modules directly in acp_bridge/ (``__init__``, ``__main__``, ...).
 MAX_TOP_MODULES = 4
 MIN_SUBPACKAGES = 6

@@ -24,9 +24,9 @@ them against the session's roots (the client's paths).
 
 Sub-agents: the bridge's MCP server (DESIGN §9) listens on the bridge's loopback. An ssh agent
 reaches it through a reverse forward on its own connection (:func:`forward_to_bridge`, wired by
-``engine.subagents.launch_config``). The remote port is not the bridge's own: when the "remote" host
-is this one (ssh to another user here), the bridge already holds that port. A launcher has no
-forward of its own: its agents are not offered the server.
+``Subagents.launch_config`` in ``engine.subagents``). The remote port is not the bridge's own:
+when the "remote" host is this one (ssh to another user here), the bridge already holds that
+port. A launcher has no forward of its own: its agents are not offered the server.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ declared unattended) means deny. Whatever settles a request (the client, a rule,
 was shown the request and did not answer it (``_acp_bridge/permission_resolved``), and writes
 one audit record. A late or second answer is refused and audited. **A timeout never grants.**
 
-Every request put to a human is also listed for the approval console (:meth:`Approvals.waiting`,
-:meth:`Approvals.watch`) and may be answered from there (:meth:`Approvals.console_answer`),
-through the same settlement: the first answer wins. With ``[policy] unattended = "console"``, a
-request no attached client can answer waits for the console (up to ``ask_timeout``) instead of
-being denied at once.
+Every request put to a human is also listed for the approval console (:class:`Desk`: what
+waits, and a topic as each starts and ends) and may be answered from there
+(:meth:`Approvals.console_answer`), through the same settlement: the first answer wins. With
+``[policy] unattended = "console"``, a request no attached client can answer waits for the
+console (up to ``ask_timeout``) instead of being denied at once.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import hashlib
 import itertools
 import json
 import time
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import structlog
@@ -36,18 +36,16 @@ from acp_bridge.policy.rules import Action, Decision, PermissionRequest, choose_
 from acp_bridge.policy.rules import reject_option as _reject_option
 from acp_bridge.protocol.jsonrpc import dumps, notification, request, result
 from acp_bridge.sessions.table import Forwarded
+from acp_bridge.sessions.topic import Topic
 from acp_bridge.store.db import AuditRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from acp_bridge.engine.audit import AuditLog
-    from acp_bridge.engine.journal import Journal
+    from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
+    from acp_bridge.engine.log_channel import LogChannel
     from acp_bridge.policy.rules import Option, Policy
     from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcId
-    from acp_bridge.runtime.timers import Deadlines
-    from acp_bridge.sessions.table import Session, SessionTable
+    from acp_bridge.sessions.table import Session
 
 logger = structlog.get_logger("acp_bridge.approvals")
 
@@ -88,7 +86,7 @@ class Ask:
 @attrs.frozen
 class Settlement:
     """
-    How a request the console listed ended (what :meth:`Approvals.watch` callbacks get).
+    How a request the console listed ended (what :attr:`Desk.changed` tells).
 
     Attributes:
         decision: ``allow``, ``deny``, ``cancelled``, ``error`` or ``other``.
@@ -146,20 +144,6 @@ def _hash_files(paths: list[str]) -> dict[str, str | None]:
     return digests
 
 
-class SendLog(Protocol):
-    """A ``_acp_bridge/log`` notification to one client (``Bridge.send_log``)."""
-
-    async def __call__(
-        self,
-        client: ClientLink,
-        level: str,
-        message: str,
-        *,
-        session: Session | None = None,
-        **data: Any,
-    ) -> None: ...
-
-
 async def _changed(ask: Ask) -> tuple[dict[str, str | None], str] | None:
     """For an edit asked with its files' digests: the digests now and the files that changed
     since (None: none did, or no digests were taken)."""
@@ -174,14 +158,14 @@ async def _changed(ask: Ask) -> tuple[dict[str, str | None], str] | None:
 class Desk:
     """
     Every permission request waiting on a human now (shown, parked or only the console's), by
-    console id, oldest first, and who wants to hear as each starts and ends (the console).
+    console id, oldest first; :attr:`changed` tells the console as each starts and ends.
     """
 
     def __init__(self) -> None:
         self._waiting: dict[str, Forwarded] = {}
         self._ids = itertools.count(1)
-        #: told of each request as it starts waiting (None) and as it ends (its Settlement)
-        self._watchers: list[Callable[[Forwarded, Settlement | None], None]] = []
+        #: each request as it starts waiting (None), is asked again (None), ends (its Settlement)
+        self.changed: Topic[[Forwarded, Settlement | None]] = Topic()
 
     def waiting(self) -> list[Forwarded]:
         return list(self._waiting.values())
@@ -189,23 +173,15 @@ class Desk:
     def get(self, console_id: str) -> Forwarded | None:
         return self._waiting.get(console_id)
 
-    def watch(self, callback: Callable[[Forwarded, Settlement | None], None]) -> None:
-        """Call ``callback`` (synchronously: it must not block) as each request starts and ends."""
-        self._watchers.append(callback)
-
     def add(self, entry: Forwarded, deadline: float) -> None:
         ask: Ask = entry.extra
         ask.console_id = str(next(self._ids))
         ask.deadline = deadline
         self._waiting[ask.console_id] = entry
-        self.tell(entry, None)
+        self.changed.publish(entry, None)
 
     def remove(self, ask: Ask) -> None:
         self._waiting.pop(ask.console_id, None)
-
-    def tell(self, entry: Forwarded, settlement: Settlement | None) -> None:
-        for callback in self._watchers:
-            callback(entry, settlement)
 
 
 def rule_on(
@@ -247,30 +223,20 @@ def rule_on(
 
 class Approvals:
     """
-    The approval policy at work for one bridge, given what it uses of the bridge: the
-    session table, the timers, the journal (pending approvals; None: memory only) and a way
-    to tell a client why its session's request was denied.
+    The approval policy at work for one bridge: the hub's session table, timers and journal
+    (pending approvals; None: memory only), and the log channel to tell a client why its
+    session's request was denied.
     """
 
-    def __init__(
-        self,
-        policy: Policy,
-        audit: AuditLog,
-        *,
-        sessions: SessionTable,
-        deadlines: Deadlines,
-        journal: Journal | None,
-        send_log: SendLog,
-        present: Callable[[Session, ClientLink, JsonObject], JsonObject] | None = None,
-    ) -> None:
-        self.policy = policy
-        self.audit = audit
-        self._sessions = sessions
-        self._deadlines = deadlines
-        self._journal = journal
-        self._send_log = send_log
-        #: how a request is put to a client (a sub-agent's: maybe on its root's session)
-        self._present = present
+    def __init__(self, hub: Hub, logs: LogChannel) -> None:
+        self.policy = hub.config.policy
+        self.audit = hub.audit
+        self._sessions = hub.sessions
+        self._deadlines = hub.deadlines
+        self._journal = hub.journal
+        #: a child's request may be shown on its root's session (``Tree.present``)
+        self._tree = hub.tree
+        self._logs = logs
         #: per client: ids of permission requests already settled (late answers are refused)
         self._settled: dict[ClientLink, collections.OrderedDict[int, None]] = {}
         #: decisions by "<decision>:<source>" (for metrics)
@@ -302,7 +268,7 @@ class Approvals:
             outcome, source, detail = ruling
             await self._answer(agent, agent_id, outcome, req, session, source=source, detail=detail)
             if source == "unattended" and client is not None:
-                await self._send_log(
+                await self._logs.send_log(
                     client,
                     "warning",
                     f"permission request denied: {detail}",
@@ -364,8 +330,7 @@ class Approvals:
         session.pending_permissions.add(client_id)
         params = dict(entry.context)
         params["sessionId"] = session.bridge_id
-        if self._present is not None:
-            params = self._present(session, client, params)
+        params = self._tree.present(session.bridge_id, client.capabilities, params)
         if note is not None:
             meta = dict(params.get("_meta") or {})
             meta["acp_bridge"] = {**(meta.get("acp_bridge") or {}), "note": note}
@@ -522,7 +487,7 @@ class Approvals:
         )
         name = connection.name if connection is not None else None
         done = Settlement(verdict, source, option_id, name)
-        self.desk.tell(entry, done)
+        self.desk.changed.publish(entry, done)
         return True
 
     async def late_answer(self, client: ClientLink, client_id: JsonRpcId) -> bool:
@@ -572,7 +537,7 @@ class Approvals:
                 ask.note = f"the file(s) changed since this was asked: {changed}"
                 detail = f"changed since asked: {changed}"
                 await self._record(entry, "stale", "console", detail=detail)
-                self.desk.tell(entry, None)
+                self.desk.changed.publish(entry, None)
                 return "asked_again"
             outcome = _selected(_reject_option(ask.request.options))
             await self.settle(entry, outcome, source="stale", detail=f"changed: {changed}")

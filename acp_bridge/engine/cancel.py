@@ -19,10 +19,12 @@ from acp_bridge.protocol.jsonrpc import dumps
 from acp_bridge.sessions.table import Forwarded
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
+    from acp_bridge.engine.approvals import Approvals
+    from acp_bridge.engine.from_agent import FromAgent
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
+    from acp_bridge.engine.log_channel import LogChannel
+    from acp_bridge.engine.subagents import Subagents
     from acp_bridge.protocol.jsonrpc import JsonObject
     from acp_bridge.sessions.table import Session
 
@@ -33,28 +35,24 @@ class Cancel:
     def __init__(
         self,
         hub: Hub,
-        *,
-        not_delivered: Callable[[ClientLink, AgentLink, str, Session | None], None],
-        agent_response: Callable[[AgentLink, JsonObject], Awaitable[None]],
-        send_log: Callable[..., Awaitable[None]],
-        settle_session: Callable[[Session, str], Awaitable[None]],
-        cascade: Callable[[Session], None] | None = None,
+        logs: LogChannel,
+        from_agent: FromAgent,
+        approvals: Approvals,
+        subagents: Subagents,
     ) -> None:
         """
         Args:
             hub: the shared state.
-            not_delivered: tells a client its notification found the agent's queue full.
-            agent_response: handles a response as if the agent had sent it.
-            send_log: a ``_acp_bridge/log`` notification to one client.
-            settle_session: answers every pending permission request of a session.
-            cascade: cancels the session's running sub-agents (``Subagents.cascade``).
+            logs: tells a client the bridge ended a turn its agent did not.
+            from_agent: takes the bridge's ``cancelled`` answer as if the agent had sent it.
+            approvals: answers every pending permission request of a session.
+            subagents: cancels the session's running sub-agents first.
         """
         self._hub = hub
-        self._not_delivered = not_delivered
-        self._agent_response = agent_response
-        self._send_log = send_log
-        self._settle_session = settle_session
-        self._cascade = cascade
+        self._logs = logs
+        self._from_agent = from_agent
+        self._approvals = approvals
+        self._subagents = subagents
 
     async def cancel_session(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         hub = self._hub
@@ -63,13 +61,12 @@ class Cancel:
         if session is None or session.client not in (client, None):
             return  # unknown, or not this connection's to cancel
         agent = hub.agents[session.agent]
-        if self._cascade is not None:
-            # (First: the parent's tool calls get their children's cancelled turns.)
-            self._cascade(session)
+        # (First: the parent's tool calls get their children's cancelled turns.)
+        self._subagents.cascade(session)
         if session.rewrite:
             params["sessionId"] = session.agent_id
         if not agent.send_nowait(dumps(msg)):
-            self._not_delivered(client, agent, "session/cancel", session)
+            hub.not_delivered(client, agent, "session/cancel", session)
         await self.settle_permissions(session, "cancelled", "cancel")
         grace = hub.config.bridge.cancel_grace
         key = ("cancel", session)
@@ -112,10 +109,12 @@ class Cancel:
                 "stopReason": "cancelled",
                 "_meta": {"acp_bridge": {"cancelGraceExpired": grace}},
             }
-            await self._agent_response(agent, {"jsonrpc": "2.0", "id": bridge_id, "result": result})
+            await self._from_agent.agent_response(
+                agent, {"jsonrpc": "2.0", "id": bridge_id, "result": result}
+            )
         client = session.client
         if client is not None and not client.closed:
-            await self._send_log(
+            await self._logs.send_log(
                 client,
                 "warning",
                 f"agent {agent.name!r} did not end the cancelled turn within {grace:g}s: "
@@ -126,7 +125,7 @@ class Cancel:
     async def settle_permissions(self, session: Session, outcome: str, reason: str) -> None:
         """Answer every pending permission request of a session ``outcome`` at once."""
         assert outcome == "cancelled"
-        await self._settle_session(session, reason)
+        await self._approvals.settle_session(session, reason)
 
 
 __all__ = ["Cancel"]

@@ -1,16 +1,16 @@
 """
 From the agents: each agent's stdout read and routed to the clients.
 
-The reader and the hot path live in :mod:`acp_bridge.engine.relay` (runs of plain updates relayed
-as slices, other updates without a coroutine). Every other line goes
-through :meth:`FromAgent.line`: updates that must wait for room or be held, notifications,
-answers to requests the bridge forwarded (and the session bookkeeping they end:
-:meth:`FromAgent.undo_forward`), and the agent's own requests (handed to ``agent_request``).
+The reader and the hot path live in :mod:`acp_bridge.engine.relay` (runs of plain updates
+relayed as slices, other updates without a coroutine). Every other line goes through
+:meth:`FromAgent.line`: updates that must wait for room or be held, notifications, answers to
+requests the bridge forwarded (and the session bookkeeping they end:
+:meth:`FromAgent.undo_forward`), and the agent's own requests (handed to ``engine.reverse``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
@@ -36,11 +36,13 @@ from acp_bridge.sessions.table import (
     Setup,
     capture_setup,
 )
+from acp_bridge.sessions.topic import Topic
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from acp_bridge.engine.hub import Hub
+    from acp_bridge.engine.log_channel import LogChannel
+    from acp_bridge.engine.reattach import Reattach
+    from acp_bridge.engine.reverse import Reverse
 
 logger = structlog.get_logger("acp_bridge.bridge")  # (the hub's: one logger for routing)
 
@@ -49,78 +51,35 @@ logger = structlog.get_logger("acp_bridge.bridge")  # (the hub's: one logger for
 EARLY_UPDATES_MAX: Final = 64
 
 
-class AgentLog(Protocol):
-    """A diagnostic about an agent, to its sessions' clients (``Bridge.agent_log``)."""
-
-    async def __call__(
-        self, agent: AgentLink, level: str, message: str, *, stream: str | None
-    ) -> None: ...
-
-
-class Forget(Protocol):
-    """A closed session marked closed in the store; deleted: gone (``Bridge._forget``)."""
-
-    def __call__(self, session: Session, *, delete: bool = False) -> None: ...
-
-
 class FromAgent:
     """
     What the agents send: relayed, answered or handed on.
 
     Args:
         hub: the shared state.
-        read_chunk: bytes asked of an agent's stdout per read.
-        agent_log: a diagnostic about an agent to its clients.
-        agent_request: an agent's own request of a client (routed, gated, contained).
-        agent_notification: an agent's notification other than ``session/update`` (a withdrawn
-            request, an elicitation's end, an extension's), to the client it concerns.
-        schedule_detach: a session nobody owns lives ``detach_grace`` seconds more.
-        take_held: answers held for a session while nobody was attached.
-        forget: a closed (or deleted) session, in the store.
-        opened: told how a forwarded ``session/new``, ``load``, ``resume`` or ``fork`` ended
-            (its session, or None: it failed), with the entry (``extra``: what the
-            sub-agents service offered the agent in it).
+        logs: a diagnostic about an agent to its clients (a stray line on its stdout).
+        reverse: an agent's own requests of a client, and its other notifications.
+        reattach: the sessions a forwarded request binds, closes or hands to a new owner.
     """
 
-    def __init__(
-        self,
-        hub: Hub,
-        *,
-        read_chunk: int,
-        agent_log: AgentLog,
-        agent_request: Callable[[AgentLink, JsonObject], Awaitable[None]],
-        agent_notification: Callable[[AgentLink, JsonObject], Awaitable[None]],
-        schedule_detach: Callable[[Session], None],
-        take_held: Callable[[Session, float], list[bytes]],
-        forget: Forget,
-        close_session: Forget,
-        take_ownership: Callable[[Session, ClientLink], object],
-        present_parked: Callable[[Session, ClientLink], Awaitable[None]],
-        opened: Callable[[Forwarded, Session | None], None] | None = None,
-    ) -> None:
+    def __init__(self, hub: Hub, logs: LogChannel, reverse: Reverse, reattach: Reattach) -> None:
         self._hub = hub
         self._sessions = hub.sessions
         self._counters = hub.counters
         self._tracer = hub.tracer
         self._config = hub.config
-        self._agent_log = agent_log
-        self._agent_request = agent_request
-        self._agent_notification = agent_notification
-        self._schedule_detach = schedule_detach
-        self._take_held = take_held
-        self._forget = forget
-        self._close_session = close_session
-        self._take_ownership = take_ownership
-        self._present_parked = present_parked
-        self._opened = opened
-        self._relay = Relay(hub, read_chunk=read_chunk, line=self.line)
+        self._logs = logs
+        self._reverse = reverse
+        self._reattach = reattach
+        #: a forwarded ``session/new``, ``load``, ``resume`` or ``fork`` ended: its entry
+        #: (``extra``: what the sub-agents offered the agent in it), its session (None: failed)
+        self.opened: Topic[[Forwarded, Session | None]] = Topic()
+        self._relay = Relay(hub, self)
         #: one life of an agent's stdout read until EOF (:meth:`Relay.reader`)
         self.reader = self._relay.reader
-        #: the hot path (:meth:`Relay.relay_update`)
-        self.relay_update = self._relay.relay_update
 
     async def line(self, agent: AgentLink, line: bytes | Oversize) -> None:
-        """Any line of an agent's that :meth:`relay_update` did not take."""
+        """Any line of an agent's that the relay (:meth:`Relay.relay_update`) did not take."""
         self._counters["from_agent"] += 1
         if self._tracer is not None and isinstance(line, bytes):
             self._tracer(f"agent:{agent.name}", "in", line)
@@ -133,7 +92,7 @@ class FromAgent:
             msg = loads(line)
         except JsonRpcError:
             # A stray line (a shell profile, a print): a diagnostic, not a dead session.
-            await self._agent_log(
+            await self._logs.agent_log(
                 agent, "warning", line[:65536].decode("utf-8", "replace"), stream="stdout"
             )
             return
@@ -142,11 +101,11 @@ class FromAgent:
             if msg["method"] == "session/update":
                 await self._agent_update(agent, msg, line)
             else:
-                await self._agent_notification(agent, msg)
+                await self._reverse.agent_notification(agent, msg)
         elif kind is Kind.RESPONSE:
             await self.agent_response(agent, msg)
         elif kind is Kind.REQUEST:
-            await self._agent_request(agent, msg)
+            await self._reverse.agent_request(agent, msg)
         else:
             agent.log.warning("agent_invalid_message")
             req_id = id_of(msg)
@@ -154,7 +113,7 @@ class FromAgent:
                 agent.answer(dumps(rpc.error(req_id, JsonRpcError.invalid_request())))
 
     async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
-        """A session/update :meth:`relay_update` left: maybe held, maybe waiting for room."""
+        """A session/update the relay left: maybe held, maybe waiting for room."""
         params = msg.get("params")
         sid = params.get("sessionId") if type(params) is dict else None
         session = self._sessions.find(agent.name, sid) if type(sid) is str else None
@@ -223,7 +182,7 @@ class FromAgent:
         ):
             # A load or resume the agent served: what waited on a dead connection is shown
             # to the new owner after the answer, as after one the bridge serves (attach).
-            await self._present_parked(session, client)
+            await self._reattach.present_parked(session, client)
 
     def open_session(
         self,
@@ -263,14 +222,12 @@ class FromAgent:
                 if client.closed:
                     # Its connection died before the answer came: nobody knows the session
                     # yet; it expires like any detached one unless someone takes it.
-                    self._schedule_detach(new)
-                if self._opened is not None:
-                    self._opened(entry, new)
-            elif self._opened is not None:
-                self._opened(entry, None)
+                    self._reattach.schedule_detach(new)
+                self.opened.publish(entry, new)
+            else:
+                self.opened.publish(entry, None)
         elif method == "session/load" and session is not None:
-            if self._opened is not None:
-                self._opened(entry, session if ok else None)
+            self.opened.publish(entry, session if ok else None)
             if ok:
                 if client.closed:  # (gone meanwhile: detached, its grace runs on)
                     session.state, session.client = SessionState.ACTIVE, client
@@ -278,37 +235,36 @@ class FromAgent:
                     # The loader owns it as after a take-back the bridge serves: answers to
                     # requests a dead connection left out at the agent come to it, and the
                     # grace ends. (Nobody else can own it: the load was refused then.)
-                    self._take_ownership(session, client)
+                    self._reattach.take_ownership(session, client)
                 capture_setup(session, result)
                 self._hub.persist(session)
-                early = self._take_held(session, float("inf"))  # answered while away
+                early = self._reattach.take_held(session, float("inf"))  # answered while away
             elif isinstance(entry.context, tuple) and entry.context[0] is not SessionState.LOADING:
                 session.state, session.client = entry.context
             else:
                 # A load of an id the bridge did not know: nothing to go back to.
                 self._sessions.remove(session)
         elif method == "session/resume" and session is not None:
-            if self._opened is not None:
-                self._opened(entry, session if ok else None)
+            self.opened.publish(entry, session if ok else None)
             if ok:
                 if client.closed:  # (as for a load)
                     session.state, session.client = SessionState.ACTIVE, client
                 else:
-                    self._take_ownership(session, client)
+                    self._reattach.take_ownership(session, client)
                 self._hub.history(session)
                 capture_setup(session, result)
                 self._hub.persist(session)
-                early = self._take_held(session, float("inf"))  # answered while away
+                early = self._reattach.take_held(session, float("inf"))  # answered while away
             elif session.state is SessionState.LOADING:
                 self._sessions.remove(session)
         elif method == "session/set_config_option" and session is not None and ok:
             capture_setup(session, result)
         elif method in ("session/close", "session/delete") and session is not None and ok:
-            self._close_session(session, delete=method == "session/delete")
+            self._reattach.close_session(session, delete=method == "session/delete")
         elif method == "session/archive" and session is not None and ok:
             # The agent closed it (the spec: as session/close would) but keeps it: the bridge
             # keeps its id routable (unarchive, load) like a listed session, attached to none.
-            self._forget(session)
+            self._reattach.forget(session)
             session.state = SessionState.LISTED
             session.client = None
         return early

@@ -21,8 +21,9 @@ The rest of this module: ``initialize`` (answered by the bridge, for all agents)
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from acp_bridge.engine import status as status_report
 from acp_bridge.engine.links import AgentState
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.capabilities import CONNECTION_METHODS, SESSION_METHODS, agent_selector
@@ -43,59 +44,61 @@ from acp_bridge.protocol.wire import bridge_meta, id_of, is_id
 from acp_bridge.sessions.table import Setup, roots_of
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from acp_bridge.engine.hub import Hub, WhenReady
+    from acp_bridge.engine.approvals import Approvals
+    from acp_bridge.engine.cancel import Cancel
+    from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
-    from acp_bridge.sessions.table import Session
+    from acp_bridge.engine.listing import Listing
+    from acp_bridge.engine.reverse import Reverse
+    from acp_bridge.engine.session_requests import SessionRequests
+    from acp_bridge.engine.supervisor import Supervisor
 
 
 class FromClient:
     """
     A client's lines: decoded, dispatched, answered or sent on to an agent.
 
-    Takes from the other groups (wired by the Bridge): ``session_request`` and ``forward``
-    (``engine.session_requests``), ``ensure_ready`` (start an agent), ``status`` (the bridge's
-    ``_acp_bridge/status``), ``session_list``, ``cancel_session`` and ``client_response``
-    (answers to agents' requests).
+    Args:
+        hub: the shared state.
+        session_requests: a session's requests, and the last step of any request to an agent.
+        supervisor: starts an agent (``initialize`` waits for the default one).
+        listing: ``session/list``.
+        cancel: ``session/cancel``.
+        reverse: the clients' answers to agents' requests (and, with ``approvals``, what
+            ``_acp_bridge/status`` reports of them).
+        approvals: the permission requests settled so far (for ``_acp_bridge/status``).
     """
 
     def __init__(
         self,
         hub: Hub,
-        *,
-        session_request: Callable[[ClientLink, JsonObject, JsonObject], Awaitable[None]],
-        forward: Callable[
-            [ClientLink, JsonObject, AgentLink, Session | None, Any], Awaitable[None]
-        ],
-        ensure_ready: Callable[[AgentLink], Awaitable[None]],
-        when_ready: WhenReady,
-        status: Callable[[], JsonObject],
-        session_list: Callable[[ClientLink, JsonObject, JsonObject], Awaitable[None]],
-        cancel_session: Callable[[ClientLink, JsonObject, JsonObject], Awaitable[None]],
-        client_response: Callable[[ClientLink, JsonObject], Awaitable[None]],
+        session_requests: SessionRequests,
+        supervisor: Supervisor,
+        listing: Listing,
+        cancel: Cancel,
+        reverse: Reverse,
+        approvals: Approvals,
     ) -> None:
         self._hub = hub
         self._reply_error = hub.reply_error
         self._agents = hub.agents
         self._sessions = hub.sessions
         self._counters = hub.counters
-        self._session_request = session_request
-        self._forward = forward
-        self._ensure_ready = ensure_ready
-        self._when_ready = when_ready
-        self._status = status
-        self._session_list = session_list
-        self._cancel_session = cancel_session
-        self._client_response = client_response
+        self._session_requests = session_requests
+        self._supervisor = supervisor
+        self._listing = listing
+        self._cancel = cancel
+        self._reverse = reverse
+        self._approvals = approvals
 
     async def line(self, client: ClientLink, line: bytes | Oversize) -> None:
         """
         Step 1 of every client message: one line from ``client`` (the transports call this
         through ``Bridge.handle_client_line``). Decoded and classified: a request to
         :meth:`_request` (its JsonRpcError answered under its id), a notification to
-        :meth:`_notification`, a response (to an agent's request) to ``client_response``;
-        what is over the size limit, unreadable or not JSON-RPC is answered with an error.
+        :meth:`_notification`, a response (to an agent's request) to
+        ``Reverse.client_response``; what is over the size limit, unreadable or not JSON-RPC
+        is answered with an error.
         """
         self._counters["from_client"] += 1
         tracer = self._hub.tracer
@@ -122,7 +125,7 @@ class FromClient:
         elif kind is Kind.NOTIFICATION:
             await self._notification(client, msg)
         elif kind is Kind.RESPONSE:
-            await self._client_response(client, msg)
+            await self._reverse.client_response(client, msg)
         elif isinstance(msg, list):
             await self._reply_error(
                 client, None, JsonRpcError.invalid_request("batches are not supported")
@@ -133,8 +136,8 @@ class FromClient:
     async def _request(self, client: ClientLink, msg: JsonObject) -> None:
         """
         A client's request, by method: ``initialize`` first; a session's requests (and
-        unknown ones naming a session) to ``session_request`` (``engine.session_requests``); the
-        others here. Raises JsonRpcError to be answered under the request's id.
+        unknown ones naming a session) to ``SessionRequests.request``; the others here.
+        Raises JsonRpcError to be answered under the request's id.
         """
         method: str = msg["method"]
         if method == "initialize":
@@ -144,11 +147,11 @@ class FromClient:
             raise JsonRpcError.invalid_request("the first request must be initialize")
         params = params_of(msg)
         if method in SESSION_METHODS:
-            await self._session_request(client, msg, params)
+            await self._session_requests.request(client, msg, params)
         elif method == "session/new":
             await self._session_new(client, msg, params)
         elif method == "session/list":
-            self._hub.spawn(self._session_list, client, msg, params)
+            self._hub.spawn(self._listing.session_list, client, msg, params)
         elif method == "authenticate":
             await self._auth_request(client, msg, params)
         elif method in CONNECTION_METHODS:
@@ -161,7 +164,8 @@ class FromClient:
             client.extensions = True
             await client.send(dumps(rpc.result(msg["id"], {})))
         elif method == "_acp_bridge/status":
-            await client.send(dumps(rpc.result(msg["id"], self._status())))
+            status = status_report.status(self._hub, self._approvals, self._reverse)
+            await client.send(dumps(rpc.result(msg["id"], status)))
         elif method == "_acp_bridge/agents":
             await client.send(
                 dumps(
@@ -179,7 +183,7 @@ class FromClient:
         ):
             # What the bridge does not know goes to the session's agent, which answers it
             # (its own -32601 when it does not know it either).
-            await self._session_request(client, msg, params)
+            await self._session_requests.request(client, msg, params)
         else:
             raise JsonRpcError.method_not_found(method)
 
@@ -193,7 +197,7 @@ class FromClient:
         default_agent = self._hub.default_agent
         default = self._agents[default_agent]
         try:
-            await self._ensure_ready(default)
+            await self._supervisor.ensure_ready(default)
         except JsonRpcError as exc:
             await self._reply_error(client, msg["id"], exc)
             return
@@ -228,7 +232,7 @@ class FromClient:
         client.initialized = True
         default = self._agents[self._hub.default_agent]
         try:
-            await self._ensure_ready(default)
+            await self._supervisor.ensure_ready(default)
         except JsonRpcError as exc:  # (an adopted process does not fail to start: not expected)
             default.log.error("early_agent_not_adopted", error=exc.message)
 
@@ -243,7 +247,7 @@ class FromClient:
         if agent.state is AgentState.READY:
             await self._forward_session_new(client, msg, params, agent)
         else:
-            self._when_ready(
+            self._supervisor.when_ready(
                 client,
                 msg["id"],
                 agent,
@@ -257,7 +261,7 @@ class FromClient:
         self._hub.strip_setup(agent, params)
         agent.new_in_flight += 1
         setup = Setup(roots_of(params), bridge_meta(params).get("unattended") is True)
-        await self._forward(client, msg, agent, None, setup)
+        await self._session_requests.forward(client, msg, agent, None, setup)
 
     async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``authenticate``: to the named agent, else the first ready one offering the method."""
@@ -276,7 +280,7 @@ class FromClient:
             raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
         if agent.state is not AgentState.READY:
             raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is {agent.state.value}")
-        await self._forward(client, msg, agent, None, None)
+        await self._session_requests.forward(client, msg, agent, None, None)
 
     async def _connection_request(
         self, client: ClientLink, msg: JsonObject, params: JsonObject
@@ -291,7 +295,7 @@ class FromClient:
         if agent.state is AgentState.READY:
             await self._forward_connection_request(client, msg, agent)
         else:
-            self._when_ready(
+            self._supervisor.when_ready(
                 client,
                 msg["id"],
                 agent,
@@ -306,11 +310,11 @@ class FromClient:
             raise JsonRpcError.method_not_found(
                 method, f"agent {agent.name!r} does not support {method}"
             )
-        await self._forward(client, msg, agent, None, None)
+        await self._session_requests.forward(client, msg, agent, None, None)
 
     async def _notification(self, client: ClientLink, msg: JsonObject) -> None:
         """
-        A client's notification: ``session/cancel`` (to ``cancel_session``),
+        A client's notification: ``session/cancel`` (to ``Cancel.cancel_session``),
         ``$/cancel_request`` (to the agent the request went to, under its bridge id), an
         extension notification on one of its sessions (to the session's agent). Any other
         is ignored, as the spec asks; one its agent's queue cannot take is reported to the
@@ -319,7 +323,7 @@ class FromClient:
         method: str = msg["method"]
         params = params_of(msg)
         if method == "session/cancel":
-            await self._cancel_session(client, msg, params)
+            await self._cancel.cancel_session(client, msg, params)
         elif method == "$/cancel_request":
             request_id = params.get("requestId")
             target = client.inflight.get(request_id) if is_id(request_id) else None

@@ -1,57 +1,50 @@
 """
 The hub: the state the bridge's services share, and the few things every one of them does
-with it (start a task, record a session, open its history, answer a client's request with an
-error, tell a client its notification went nowhere).
+with it (start a task, record a session, open its history, ask an agent something of the
+bridge's own, answer a client's request with an error, tell a client its notification went
+nowhere).
 
-It decides nothing. The services (``engine.supervisor``, ``engine.from_client``,
-``engine.from_agent``, ...)
-each hold the hub and the callables they need of one another, given at construction by the
-:class:`~acp_bridge.engine.bridge.Bridge` that composes them; none imports another.
+It decides nothing and knows no service. :class:`~acp_bridge.engine.bridge.Bridge` builds the
+hub, then the services in the order they use each other: each takes the hub and, typed, the
+services it calls, all built before it (the one exception, the sub-agents reaching the
+supervisor, goes through the Bridge: see docs/architecture.md). What one service tells
+others (a session left the table, a kept session moved, an agent's sessions ended, a
+forwarded session request ended) is a topic (``sessions.topic``) it publishes, and the
+Bridge subscribes the listeners.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
 
-from acp_bridge.engine.links import AgentState
+from acp_bridge.agents.backoff import Restarts
+from acp_bridge.config import remote
+from acp_bridge.engine.audit import AuditLog
+from acp_bridge.engine.links import AgentLink, AgentState, Waiter
+from acp_bridge.observe.redact import Redactor
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.capabilities import strip_unsupported_setup
 from acp_bridge.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
 from acp_bridge.runtime.timers import Deadlines
 from acp_bridge.sessions.table import HELD_RESPONSES_MAX, History, Session, SessionTable
+from acp_bridge.sessions.tree import Tree
 from acp_bridge.store.db import SessionRow
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
 
     import trio
 
     from acp_bridge.config.model import Config
-    from acp_bridge.engine.audit import AuditLog
     from acp_bridge.engine.journal import Journal
-    from acp_bridge.engine.links import AgentLink, ClientLink, Tracer
-    from acp_bridge.observe.redact import Redactor
+    from acp_bridge.engine.links import ClientLink, Tracer
 
 logger = structlog.get_logger("acp_bridge.bridge")
-
-
-class WhenReady(Protocol):
-    """``Supervisor.when_ready``: run ``then`` once ``agent`` is up, in a task of its own."""
-
-    def __call__(
-        self,
-        client: ClientLink,
-        request_id: JsonRpcId,
-        agent: AgentLink,
-        then: Callable[[], Awaitable[None]],
-        *,
-        failed: Callable[[], None] | None = None,
-    ) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -72,6 +65,8 @@ class Hub:
     fixed_client_capabilities: JsonObject | None = None
     client_capabilities: JsonObject = attrs.field(factory=dict)
     sessions: SessionTable = attrs.field(factory=SessionTable)
+    #: the sub-agents: every open child by parent (``engine.subagents`` keeps it)
+    tree: Tree = attrs.field(factory=Tree)
     clients: set[ClientLink] = attrs.field(factory=set)
     #: messages by direction (from_client, to_client, from_agent, to_agent), errors the
     #: bridge answered by code (error:<code>): for status and metrics
@@ -88,6 +83,46 @@ class Hub:
     stopping: bool = False
     nursery: trio.Nursery | None = None
     log: Any = logger
+
+    @classmethod
+    def build(
+        cls,
+        config: Config,
+        *,
+        fixed_client_capabilities: JsonObject | None = None,
+        audit: AuditLog | None = None,
+        tracer: Tracer | None = None,
+        journal: Journal | None = None,
+        redactor: Redactor | None = None,
+    ) -> Hub:
+        """A bridge's hub: one link per configured agent; the agents' secrets redacted."""
+        redactor = redactor if redactor is not None else Redactor()
+        for agent_config in config.agents.values():
+            redactor.add_env(agent_config.env)
+        counters: collections.Counter[str] = collections.Counter()
+        limits = config.bridge
+        agents = {
+            name: AgentLink(
+                config=agent,
+                queue_size=limits.agent_queue,
+                tracer=tracer,
+                counters=counters,
+                restarts=Restarts.from_config(limits),
+                redactor=redactor,
+            )
+            for name, agent in config.agents.items()
+        }
+        return cls(
+            config=config,
+            audit=audit if audit is not None else AuditLog(),
+            redactor=redactor,
+            agents=agents,
+            default_agent=config.default_agent.name,
+            tracer=tracer,
+            journal=journal,
+            fixed_client_capabilities=fixed_client_capabilities,
+            counters=counters,
+        )
 
     def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         """
@@ -163,6 +198,16 @@ class Hub:
                 self.journal.follow(session.bridge_id, session.history)
         return session.history
 
+    async def internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
+        """A request of the bridge's own to an agent; returns its result or raises."""
+        waiter = Waiter()
+        bridge_id = agent.pending.add(waiter)
+        remote.map_to_agent(agent.config, method, params)
+        if not agent.send_nowait(dumps(rpc.request(bridge_id, method, params))):
+            agent.pending.pop(bridge_id)
+            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is not accepting input")
+        return await answer_of(agent, waiter)
+
     async def reply_error(self, client: ClientLink, id_: JsonRpcId, exc: JsonRpcError) -> None:
         """Answer a client's request (``id_``; None: unreadable) with an error, counted."""
         self.counters[f"error:{exc.code}"] += 1
@@ -189,4 +234,15 @@ class Hub:
         client.offer(dumps(rpc.notification("_acp_bridge/log", params)))
 
 
-__all__ = ["Hub", "WhenReady"]
+async def answer_of(agent: AgentLink, waiter: Waiter) -> Any:
+    """The result of the request ``waiter`` waits for, or its error raised."""
+    response = await waiter.wait()
+    if "error" in response:
+        err = response["error"]
+        if isinstance(err, dict) and type(err.get("code")) is int:
+            raise JsonRpcError(err["code"], str(err.get("message", "")), err.get("data"))
+        raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} answered an invalid error")
+    return response.get("result")
+
+
+__all__ = ["Hub", "answer_of"]

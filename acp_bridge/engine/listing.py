@@ -17,32 +17,16 @@ from acp_bridge.protocol.wire import decode_cursor, encode_cursor
 from acp_bridge.sessions.table import SessionState, roots_of
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
-    from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcId
+    from acp_bridge.protocol.jsonrpc import JsonObject
 
 
 class Listing:
     """``session/list`` for one bridge."""
 
-    def __init__(
-        self,
-        hub: Hub,
-        *,
-        internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
-        reply_error: Callable[[ClientLink, JsonRpcId, JsonRpcError], Awaitable[None]],
-    ) -> None:
-        """
-        Args:
-            hub: the shared state.
-            internal_request: a request of the bridge's own to an agent (its result, or raises).
-            reply_error: answers a client's request with an error.
-        """
+    def __init__(self, hub: Hub) -> None:
         self._hub = hub
-        self._internal_request = internal_request
-        self._reply_error = reply_error
 
     async def session_list(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``session/list`` merged across agents: one agent's pages after another's."""
@@ -61,7 +45,7 @@ class Listing:
                     query["cwd"] = params["cwd"]
                 if inner is not None:
                     query["cursor"] = inner
-                page = await self._internal_request(agent, "session/list", query)
+                page = await hub.internal_request(agent, "session/list", query)
                 for info in page.get("sessions") or []:
                     if isinstance(info, dict) and isinstance(info.get("sessionId"), str):
                         session = hub.sessions.register(
@@ -88,7 +72,7 @@ class Listing:
                 answer["nextCursor"] = next_cursor
             await client.send(dumps(rpc.result(msg["id"], answer)))
         except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
+            await hub.reply_error(client, msg["id"], exc)
 
     def _bridge_listed(self, listing: list[AgentLink], cwd: object) -> list[JsonObject]:
         """Sessions the bridge itself knows that no agent's own list covers (e.g. restored)."""

@@ -10,7 +10,7 @@ does the sending, the waiting and the timers.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -23,34 +23,13 @@ from acp_bridge.protocol.wire import bridge_meta
 from acp_bridge.sessions import transitions
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
+    from acp_bridge.engine.approvals import Approvals
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import ClientLink
+    from acp_bridge.engine.log_channel import LogChannel
+    from acp_bridge.engine.reverse import Reverse
     from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcId
-    from acp_bridge.sessions.table import Forwarded, Session
-
-
-class SendLog(Protocol):
-    """``Bridge.send_log``: a ``_acp_bridge/log`` notification to one client."""
-
-    def __call__(
-        self,
-        client: ClientLink,
-        level: str,
-        message: str,
-        *,
-        session: Session | None = None,
-        **data: Any,
-    ) -> Awaitable[None]: ...
-
-
-class AgentLog(Protocol):
-    """``Bridge.agent_log``: a diagnostic about an agent, to the clients of its sessions."""
-
-    def __call__(
-        self, agent: AgentLink, level: str, message: str, *, stream: str | None
-    ) -> Awaitable[None]: ...
+    from acp_bridge.sessions.table import Session
 
 
 class Reattach:
@@ -59,35 +38,20 @@ class Reattach:
 
     Args:
         hub: the shared state.
-        answer_unattended: answers an agent's request nobody can answer (a permission
-            denied through the rules, anything else an error).
-        internal_request: sends a request of the bridge's own to an agent, returns its result.
-        agent_log, send_log: the ``_acp_bridge/log`` channel (about an agent; to one client).
-        show_approval: shows a parked permission request to a client (``Approvals.show``).
-        forget_client: drops what the approvals remember of a connection.
+        logs: the ``_acp_bridge/log`` channel (about an agent; to one client).
+        reverse: answers an agent's request nobody can answer (a permission denied through
+            the rules, anything else an error).
+        approvals: shows a parked permission request again; forgets a connection's answers.
     """
 
-    def __init__(
-        self,
-        hub: Hub,
-        *,
-        answer_unattended: Callable[[Forwarded, str], Awaitable[None]],
-        internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
-        agent_log: AgentLog,
-        send_log: SendLog,
-        show_approval: Callable[[Forwarded, ClientLink], Awaitable[None]],
-        forget_client: Callable[[ClientLink], None],
-    ) -> None:
+    def __init__(self, hub: Hub, logs: LogChannel, reverse: Reverse, approvals: Approvals) -> None:
         self._hub = hub
         self._agents = hub.agents
         self._sessions = hub.sessions
         self._deadlines = hub.deadlines
-        self._answer_unattended = answer_unattended
-        self._internal_request = internal_request
-        self._agent_log = agent_log
-        self._send_log = send_log
-        self._show_approval = show_approval
-        self._forget_client = forget_client
+        self._logs = logs
+        self._reverse = reverse
+        self._approvals = approvals
 
     # ------------------------------------------------------------------ letting go
 
@@ -108,14 +72,14 @@ class Reattach:
             if entry.session is not None and entry.session.client is client:
                 park(entry)
             else:
-                await self._answer_unattended(entry, "client_gone")
+                await self._reverse.answer_unattended(entry, "client_gone")
         # The client's own requests stay out at the agents: their answers go to whoever
         # takes the session back (same ids: what the attach shim relies on), else nowhere.
         client.inflight.clear()
         for session in self._sessions:
             if session.client is client:
                 await self.detach(session)
-        self._forget_client(client)
+        self._approvals.forget_client(client)
 
     async def detach(self, session: Session) -> None:
         if self._hub.config.bridge.detach_grace <= 0:
@@ -139,12 +103,12 @@ class Reattach:
         session.detach_deadline = None
         agent = self._agents[session.agent]
         for entry in list(session.parked):
-            await self._answer_unattended(entry, "grace")
+            await self._reverse.answer_unattended(entry, "grace")
         session.parked.clear()
         ours = self._sessions.owns_agent_id(session)  # (not if its id went to a new session)
         self.close_session(session)
         session.log.info("session_closed_after_grace")
-        await self._agent_log(
+        await self._logs.agent_log(
             agent, "info", f"session {session.bridge_id} closed: nobody took it back", stream=None
         )
         if agent.state is AgentState.READY and ours and not self._hub.stopping:
@@ -158,7 +122,7 @@ class Reattach:
 
     async def _close_quietly(self, agent: AgentLink, agent_sid: str) -> None:
         try:
-            await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
+            await self._hub.internal_request(agent, "session/close", {"sessionId": agent_sid})
         except JsonRpcError as exc:
             self._hub.log.warning("session_close_failed", agent=agent.name, error=exc.message)
 
@@ -166,6 +130,17 @@ class Reattach:
         """A session ends here: out of the table, then :meth:`forget` (closed, or deleted)."""
         self._sessions.remove(session)
         self.forget(session, delete=delete)
+
+    def kept_moved(self, old: str, new: str) -> None:
+        """
+        A session only the store has (closed, or not loaded back) gave its id to a new one:
+        its row and journal move to ``new``, ahead of anything else of the journal's next
+        commit (nothing of the new session mixes in).
+        """
+        # (A closed session's history gets nothing more: nothing would spill under ``old``.)
+        if self._hub.journal is not None:
+            self._hub.journal.rename(old, new)
+        self._hub.log.info("kept_session_moved", session=old, to=new)
 
     def forget(self, session: Session, *, delete: bool = False) -> None:
         """A closed session: marked closed in the store (its journal kept); deleted: gone."""
@@ -204,7 +179,7 @@ class Reattach:
         """Show the new owner the agent requests that were waiting on the old one."""
         for entry in transitions.take_parked(session, client.pending):
             if isinstance(entry.extra, Ask):
-                await self._show_approval(entry, client)
+                await self._approvals.show(entry, client)
                 continue
             agent = entry.origin
             assert isinstance(agent, AgentLink)
@@ -223,7 +198,7 @@ class Reattach:
             gone = JsonRpcError.cancelled("session taken over by another connection")
             for origin_id in takeover.moved:
                 await previous.send(dumps(rpc.error(origin_id, gone)))
-            await self._send_log(
+            await self._logs.send_log(
                 previous,
                 "warning",
                 "session taken over by another connection; this one no longer receives it",
@@ -289,7 +264,7 @@ class Reattach:
                 for held in take_held(session, seq):
                     await client.send_wait(held)
         if not complete:
-            await self._send_log(
+            await self._logs.send_log(
                 client,
                 "warning",
                 "history was trimmed: the replay is missing older updates (resync required)",
@@ -365,7 +340,7 @@ class Reattach:
             }
         }
         await client.send_wait(dumps(rpc.result(msg["id"], answer)))
-        await self._send_log(
+        await self._logs.send_log(
             client,
             "warning",
             f"session replayed from the bridge's journal; the agent cannot continue it ({reason})",
@@ -373,4 +348,4 @@ class Reattach:
         )
 
 
-__all__ = ["AgentLog", "Reattach", "SendLog"]
+__all__ = ["Reattach"]

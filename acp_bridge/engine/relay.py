@@ -2,11 +2,11 @@
 The relay's hot path: an agent's stdout read, a whole read scanned at once, and the
 ``session/update`` lines of known sessions relayed to their clients without a coroutine.
 
-A run of one session's plain updates (found by :mod:`acp_bridge.protocol.scan`) goes as one slice
-(:meth:`Relay.relay_run`: one queue entry, one history chunk, one journal note, no decode);
-other updates one by one (:meth:`Relay.relay_update`). Every other line is handed to
-``line`` (``FromAgent.line``): updates that must wait for room or be held, notifications,
-answers, the agent's own requests. See docs/performance.md.
+A run of one session's plain updates (found by :mod:`acp_bridge.protocol.scan`) goes as one
+slice (:meth:`Relay.relay_run`: one queue entry, one history chunk, one journal note, no
+decode); other updates one by one (:meth:`Relay.relay_update`). Every other line is handed to
+``FromAgent.line``: updates that must wait for room or be held, notifications, answers, the
+agent's own requests. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from acp_bridge.protocol.jsonrpc import (
     rewrite_session_id,
 )
 from acp_bridge.protocol.wire import set_seq
+from acp_bridge.runtime import pipes
 from acp_bridge.sessions.table import Session, SessionState, track_setup
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
+    from acp_bridge.engine.from_agent import FromAgent
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 #: about the same work. A run longer than a turn is cut at the turn.
 READ_ROUND_LINES: Final = 128
 READER_TURN_MIN: Final = 4
-#: (an enum member's lookup through its class costs ~70 ns on CPython 3.11: once per update)
+#: (module constants: an enum member looked up through its class is a lookup more per update)
 _LOADING: Final = SessionState.LOADING
 _RUN: Final = scan.RUN
 _LINE: Final = scan.LINE
@@ -55,17 +55,10 @@ class Relay:
 
     Args:
         hub: the shared state.
-        read_chunk: bytes asked of an agent's stdout per read.
-        line: any line the relay does not take (``FromAgent.line``).
+        from_agent: takes every line the relay does not (:meth:`FromAgent.line`).
     """
 
-    def __init__(
-        self,
-        hub: Hub,
-        *,
-        read_chunk: int,
-        line: Callable[[AgentLink, bytes | Oversize], Awaitable[None]],
-    ) -> None:
+    def __init__(self, hub: Hub, from_agent: FromAgent) -> None:
         # The hot path's objects, copied here: one attribute lookup each per update. (The
         # hub's tracer and journal are given at construction and never replaced.)
         self._sessions = hub.sessions
@@ -73,8 +66,7 @@ class Relay:
         self._tracer = hub.tracer
         self._journal = hub.journal
         self._config = hub.config
-        self._read_chunk = read_chunk
-        self._line = line
+        self._line = from_agent.line
         #: agents' readers handling lines right now (see ``READ_ROUND_LINES``)
         self._busy_readers = 0
 
@@ -87,7 +79,7 @@ class Relay:
         handle = self._line
         relay = self.relay_update
         scan_block = scan.scan
-        chunk = self._read_chunk
+        chunk = pipes.READ_BUFFER_BYTES
         try:
             while data := await stream.receive_some(chunk):
                 marker, block = decoder.feed_block(data)

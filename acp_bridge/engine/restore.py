@@ -1,8 +1,7 @@
 """
-Sessions from before a restart, and sessions the bridge never saw: the store's sessions come
-back as STORED at start; a ``session/load`` restores one through its agent (or replays its
-journal); a stored session can be closed or deleted without its agent; a load of an unknown
-id is asked of the selected agent.
+Sessions from before a restart: the store's sessions come back as STORED at start; a
+``session/load`` restores one through its agent (or replays its journal); a stored session,
+or an ended one whose id went to a new session, can be closed or deleted without its agent.
 
 The decisions over the session table are pure (``sessions.transitions``); this service does
 the waiting.
@@ -10,83 +9,46 @@ the waiting.
 
 from __future__ import annotations
 
-import functools
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
-from acp_bridge.engine.links import AgentState
 from acp_bridge.protocol import jsonrpc as rpc
-from acp_bridge.protocol.capabilities import agent_selector
 from acp_bridge.protocol.jsonrpc import JsonRpcError, dumps
 from acp_bridge.sessions import transitions
 from acp_bridge.sessions.table import SessionState, capture_setup
 from acp_bridge.store.db import AuditRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from acp_bridge.engine.hub import Hub, WhenReady
+    from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
-    from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcId
+    from acp_bridge.engine.reattach import Reattach
+    from acp_bridge.engine.subagents import Subagents
+    from acp_bridge.engine.supervisor import Supervisor
+    from acp_bridge.protocol.jsonrpc import JsonObject
     from acp_bridge.sessions.table import Session
-
-
-class Forget(Protocol):
-    """``Reattach.close_session``: a session out of the table, closed in the store (or deleted)."""
-
-    def __call__(self, session: Session, *, delete: bool = False) -> None: ...
 
 
 class Restore:
     """
-    Restore after a restart; stored, reused and unknown sessions.
+    Restore after a restart; stored and reused sessions.
 
     Args:
         hub: the shared state.
-        ensure_ready: starts an agent if need be and waits until it is ready.
-        when_ready: the same in a task of its own, then a next step (errors answered).
-        internal_request: sends a request of the bridge's own to an agent, returns its result.
-        strip_setup: drops from a session's setup what the agent cannot take (and logs it).
-        reply_error: answers a client's request with an error.
-        forward_session_request: sends a session-scoped request on to its agent.
-        attach, replay_journal, close_session: of :class:`~acp_bridge.engine.reattach.Reattach`.
-        offer: adds the bridge's MCP server to a load of the bridge's own, its token bound
-            to the session (``Subagents.offer_bound``).
+        supervisor: starts a stored session's agent.
+        reattach: attaches a restored session, replays a journal, closes a stored session.
+        subagents: offers the bridge's MCP server to a load of the bridge's own.
     """
 
     def __init__(
-        self,
-        hub: Hub,
-        *,
-        ensure_ready: Callable[[AgentLink], Awaitable[None]],
-        when_ready: WhenReady,
-        internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
-        strip_setup: Callable[[AgentLink, JsonObject], None],
-        reply_error: Callable[[ClientLink, JsonRpcId, JsonRpcError], Awaitable[None]],
-        forward_session_request: Callable[
-            [ClientLink, JsonObject, JsonObject, Session, AgentLink], Awaitable[None]
-        ],
-        attach: Callable[[Session, ClientLink], Awaitable[None]],
-        replay_journal: Callable[
-            [ClientLink, JsonObject, JsonObject, Session, str], Awaitable[None]
-        ],
-        close_session: Forget,
-        offer: Callable[[AgentLink, JsonObject, Session], Awaitable[None]] | None = None,
+        self, hub: Hub, supervisor: Supervisor, reattach: Reattach, subagents: Subagents
     ) -> None:
         self._hub = hub
-        self._offer = offer
         self._agents = hub.agents
         self._sessions = hub.sessions
-        self._ensure_ready = ensure_ready
-        self._when_ready = when_ready
-        self._internal_request = internal_request
-        self._strip_setup = strip_setup
-        self._reply_error = reply_error
-        self._forward_session_request = forward_session_request
-        self._attach = attach
-        self._replay_journal = replay_journal
-        self._close_session = close_session
+        self._supervisor = supervisor
+        self._reattach = reattach
+        self._subagents = subagents
 
     async def restore_all(self) -> None:
         """
@@ -132,7 +94,7 @@ class Restore:
         if method == "session/load":
             self._hub.spawn(self._restore_session, client, msg, params, session, agent)
         elif method in ("session/close", "session/delete"):
-            self._close_session(session, delete=method == "session/delete")
+            self._reattach.close_session(session, delete=method == "session/delete")
             await client.send(dumps(rpc.result(msg["id"], {})))
         else:
             why = self._hub.unrestorable.get(session.bridge_id)
@@ -146,7 +108,7 @@ class Restore:
     async def reused_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
         """An ended session whose agent id went to a new session: it can only be closed."""
         if msg["method"] in ("session/close", "session/delete"):
-            self._close_session(session, delete=msg["method"] == "session/delete")
+            self._reattach.close_session(session, delete=msg["method"] == "session/delete")
             await client.send(dumps(rpc.result(msg["id"], {})))
             return
         raise JsonRpcError.resource_not_found(
@@ -172,19 +134,18 @@ class Restore:
         """
         reason = f"agent {agent.name!r} does not support session/load"
         try:
-            await self._ensure_ready(agent)
+            await self._supervisor.ensure_ready(agent)
             if not self._sessions.owns_agent_id(session):
                 reason = f"agent {agent.name!r} gave its id to a new session"
             elif agent.capabilities.get("loadSession"):
-                self._strip_setup(agent, params)
+                self._hub.strip_setup(agent, params)
                 query = {**params, "sessionId": session.agent_id}
                 query.pop("_meta", None)
-                if self._offer is not None:
-                    await self._offer(agent, query, session)
+                await self._subagents.offer_bound(agent, query, session)
                 session.state = SessionState.LOADING
                 session.client = client
                 try:
-                    result = await self._internal_request(agent, "session/load", query)
+                    result = await self._hub.internal_request(agent, "session/load", query)
                 except JsonRpcError as exc:
                     reason = f"agent {agent.name!r} could not load it: {exc.message}"
                 else:
@@ -199,7 +160,7 @@ class Restore:
                         }
                     }
                     await client.send(dumps(rpc.result(msg["id"], answer)))
-                    await self._attach(session, client)
+                    await self._reattach.attach(session, client)
                     return
                 finally:
                     if session.state is SessionState.LOADING:
@@ -208,35 +169,9 @@ class Restore:
         except JsonRpcError as exc:
             reason = f"agent {agent.name!r} is not available: {exc.message}"
         try:
-            await self._replay_journal(client, msg, params, session, reason)
+            await self._reattach.replay_journal(client, msg, params, session, reason)
         except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
-
-    async def load_unknown(
-        self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
-    ) -> None:
-        """``session/load`` of an id the bridge never saw: ask the selected (or default) agent."""
-        name = agent_selector(params) or self._hub.default_agent
-        agent = self._agents.get(name)
-        if agent is None:
-            raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
-        session = transitions.bind_unknown(self._sessions, name, sid, params)
-        if agent.state is AgentState.READY:
-            try:
-                await self._forward_session_request(client, msg, params, session, agent)
-            except JsonRpcError:
-                self._sessions.remove(session)  # it never went out: nothing to keep
-                raise
-        else:
-            self._when_ready(
-                client,
-                msg["id"],
-                agent,
-                functools.partial(
-                    self._forward_session_request, client, msg, params, session, agent
-                ),
-                failed=functools.partial(self._sessions.remove, session),
-            )
+            await self._hub.reply_error(client, msg["id"], exc)
 
 
-__all__ = ["Forget", "Restore"]
+__all__ = ["Restore"]

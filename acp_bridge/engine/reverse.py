@@ -29,8 +29,6 @@ from acp_bridge.sessions.table import Forwarded, Session
 from acp_bridge.store.db import AuditRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from acp_bridge.engine.approvals import Approvals
     from acp_bridge.engine.hub import Hub
 
@@ -45,24 +43,17 @@ class Reverse:
     Args:
         hub: the shared state.
         approvals: where every ``session/request_permission`` is decided and settled.
-        present: how a sub-agent's request is shown to a client (``Subagents.present``).
     """
 
-    def __init__(
-        self,
-        hub: Hub,
-        *,
-        approvals: Approvals,
-        present: Callable[[Session, ClientLink, JsonObject], JsonObject] | None = None,
-    ) -> None:
+    def __init__(self, hub: Hub, approvals: Approvals) -> None:
         self._hub = hub
         self._sessions = hub.sessions
         self._config = hub.config
         self._audit = hub.audit
         self._log = hub.log
+        #: a child's request may be shown on its root's session (``Tree.present``)
+        self._tree = hub.tree
         self._approvals = approvals
-        #: how a request is put to a client (a sub-agent's: maybe on its root's session)
-        self._present = present
 
     async def agent_notification(self, agent: AgentLink, msg: JsonObject) -> None:
         """An agent's notification other than ``session/update``, to the client it concerns."""
@@ -211,8 +202,8 @@ class Reverse:
         msg["id"] = client_id
         if session.rewrite:
             params["sessionId"] = session.bridge_id
-        if self._present is not None and session.parent is not None:
-            msg["params"] = self._present(session, client, params)
+        if session.parent is not None:
+            msg["params"] = self._tree.present(session.bridge_id, client.capabilities, params)
         await client.send(dumps(msg))
 
     def requests_waiting(self, agent: AgentLink) -> int:

@@ -1,7 +1,7 @@
 """
 A client's requests on a session it names (``session/prompt``, ``load``, ``resume``,
-``close``, ``set_mode``, ...), and :meth:`SessionRequests.forward`, the last step of every
-client request that goes to an agent.
+``close``, ``set_mode``, ...; a load of an id the bridge never saw is asked of an agent), and
+:meth:`SessionRequests.forward`, the last step of every client request that goes to an agent.
 
 A client's ``session/prompt`` reaches its agent in four steps:
 
@@ -13,13 +13,14 @@ A client's ``session/prompt`` reaches its agent in four steps:
 3. :meth:`SessionRequests.forward_session_request`: gated on the agent's capabilities, the
    prompt's content checked and recorded for replay;
 4. :meth:`SessionRequests.forward`: a bridge id minted, the request put on the agent's queue
-   (``AgentLink.send_nowait``). The agent's answer comes back through ``_agent_response``.
+   (``AgentLink.send_nowait``). The agent's answer comes back through
+   ``FromAgent.agent_response``.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from acp_bridge.config import remote
 from acp_bridge.engine.links import AgentState
@@ -27,6 +28,7 @@ from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.capabilities import (
     LOOK_ONLY_METHODS,
     SESSION_METHODS,
+    agent_selector,
     check_prompt_content,
     has_session_cap,
 )
@@ -38,72 +40,53 @@ from acp_bridge.protocol.jsonrpc import (
     params_of,
 )
 from acp_bridge.protocol.wire import attached_elsewhere
+from acp_bridge.sessions import transitions
 from acp_bridge.sessions.table import Forwarded, Session, SessionState, Setup, roots_of
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from acp_bridge.engine.hub import Hub, WhenReady
+    from acp_bridge.engine.cancel import Cancel
+    from acp_bridge.engine.from_agent import FromAgent
+    from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
-
-
-class Forget(Protocol):
-    """Forget a closed session (``delete``: its journal too)."""
-
-    def __call__(self, session: Session, *, delete: bool = False) -> None: ...
-
-
-class UndoForward(Protocol):
-    """The bookkeeping when a forwarded request ends (here: it never went out)."""
-
-    def __call__(
-        self, agent: AgentLink, entry: Forwarded, *, ok: bool, result: Any = None
-    ) -> list[bytes]: ...
+    from acp_bridge.engine.reattach import Reattach
+    from acp_bridge.engine.restore import Restore
+    from acp_bridge.engine.subagents import Subagents
+    from acp_bridge.engine.supervisor import Supervisor
 
 
 class SessionRequests:
     """
     Requests on an existing session, from a client to the session's agent.
 
-    Takes from the other groups (wired by the Bridge): ``when_ready`` (start the agent, then go on),
-    ``undo_forward`` (the pending entry's bookkeeping), ``load_unknown``, ``stored_request``,
-    ``reused_request``, ``reattach``, ``attach``, ``close_session`` (sessions coming and going),
-    ``settle_permissions`` (a closed session's open approvals) and ``offer`` (the bridge's
-    MCP server added to a session being opened: ``Subagents.offer``).
+    Args:
+        hub: the shared state.
+        supervisor: starts the session's agent, then goes on.
+        from_agent: the bookkeeping of a request that never went out.
+        restore: sessions only the store has, and ended ones whose id went elsewhere.
+        reattach: sessions taken back, attached, closed.
+        cancel: a closed session's open approvals settled.
+        subagents: the bridge's MCP server offered to a session being opened.
     """
 
     def __init__(
         self,
         hub: Hub,
-        *,
-        when_ready: WhenReady,
-        undo_forward: UndoForward,
-        load_unknown: Callable[[ClientLink, JsonObject, JsonObject, str], Awaitable[None]],
-        stored_request: Callable[
-            [ClientLink, JsonObject, JsonObject, Session, AgentLink], Awaitable[None]
-        ],
-        reused_request: Callable[[ClientLink, JsonObject, Session], Awaitable[None]],
-        reattach: Callable[[ClientLink, JsonObject, JsonObject, Session], Awaitable[None]],
-        attach: Callable[[Session, ClientLink], Awaitable[None]],
-        close_session: Forget,
-        settle_permissions: Callable[[Session, str, str], Awaitable[None]],
-        offer: Callable[[AgentLink, str, JsonObject, Session | None], Awaitable[object]]
-        | None = None,
+        supervisor: Supervisor,
+        from_agent: FromAgent,
+        restore: Restore,
+        reattach: Reattach,
+        cancel: Cancel,
+        subagents: Subagents,
     ) -> None:
         self._hub = hub
-        self._reply_error = hub.reply_error
         self._agents = hub.agents
         self._sessions = hub.sessions
-        self._when_ready = when_ready
-        self._undo_forward = undo_forward
-        self._load_unknown = load_unknown
-        self._stored_request = stored_request
-        self._reused_request = reused_request
+        self._supervisor = supervisor
+        self._from_agent = from_agent
+        self._restore = restore
         self._reattach = reattach
-        self._attach = attach
-        self._close_session = close_session
-        self._settle_permissions = settle_permissions
-        self._offer = offer
+        self._cancel = cancel
+        self._subagents = subagents
 
     async def request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """
@@ -125,7 +108,7 @@ class SessionRequests:
         session = self._sessions.get(sid)
         if session is None:
             if method in ("session/load", "session/resume"):
-                await self._load_unknown(client, msg, params, sid)
+                await self.load_unknown(client, msg, params, sid)
                 return
             if method == "session/delete":
                 await client.send(dumps(rpc.result(msg["id"], {})))  # unknown: silently fine
@@ -144,14 +127,14 @@ class SessionRequests:
             raise attached_elsewhere(sid)
         agent = self._agents[session.agent]
         if session.state is SessionState.STORED:
-            await self._stored_request(client, msg, params, session, agent)
+            await self._restore.stored_request(client, msg, params, session, agent)
             return
         if session.state is SessionState.ENDED and not self._sessions.owns_agent_id(session):
-            await self._reused_request(client, msg, session)
+            await self._restore.reused_request(client, msg, session)
             return
         live = session.state is SessionState.ACTIVE and agent.state is AgentState.READY
         if live and method in ("session/load", "session/resume"):
-            await self._reattach(client, msg, params, session)
+            await self._reattach.reattach(client, msg, params, session)
             return
         if (
             live
@@ -163,13 +146,13 @@ class SessionRequests:
         if elsewhere:  # a load or resume that the bridge cannot serve as a takeover
             raise attached_elsewhere(sid)
         if owner is None and live and method not in LOOK_ONLY_METHODS:
-            await self._attach(session, client)
+            await self._reattach.attach(session, client)
         if agent.state is not AgentState.READY:
             if method in ("session/load", "session/resume") or agent.state is AgentState.STARTING:
                 then = functools.partial(
                     self.forward_session_request, client, msg, params, session, agent
                 )
-                self._when_ready(client, msg["id"], agent, then)
+                self._supervisor.when_ready(client, msg["id"], agent, then)
                 return
             raise JsonRpcError(
                 INTERNAL_ERROR,
@@ -239,15 +222,14 @@ class SessionRequests:
         """
         origin_id = msg["id"]
         entry = Forwarded(client, origin_id, msg["method"], session, context)
-        if self._offer is not None:
-            # The bridge's own MCP server, offered to the session being opened (docs/subagents)
-            entry.extra = await self._offer(agent, msg["method"], params_of(msg), session)
+        # The bridge's own MCP server, offered to the session being opened (docs/subagents)
+        entry.extra = await self._subagents.offer(agent, msg["method"], params_of(msg), session)
         bridge_id = agent.pending.add(entry)
         msg["id"] = bridge_id
         remote.map_to_agent(agent.config, msg["method"], params_of(msg))
         if not agent.send_nowait(dumps(msg)):
             agent.pending.pop(bridge_id)
-            self._undo_forward(agent, entry, ok=False)
+            self._from_agent.undo_forward(agent, entry, ok=False)
             msg["id"] = origin_id  # the error goes back under the client's own id
             raise JsonRpcError(
                 INTERNAL_ERROR,
@@ -255,6 +237,32 @@ class SessionRequests:
                 agent.failure_data(),
             )
         client.inflight[origin_id] = (agent, bridge_id)
+
+    async def load_unknown(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, sid: str
+    ) -> None:
+        """``session/load`` of an id the bridge never saw: ask the selected (or default) agent."""
+        name = agent_selector(params) or self._hub.default_agent
+        agent = self._agents.get(name)
+        if agent is None:
+            raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
+        session = transitions.bind_unknown(self._sessions, name, sid, params)
+        if agent.state is AgentState.READY:
+            try:
+                await self.forward_session_request(client, msg, params, session, agent)
+            except JsonRpcError:
+                self._sessions.remove(session)  # it never went out: nothing to keep
+                raise
+        else:
+            self._supervisor.when_ready(
+                client,
+                msg["id"],
+                agent,
+                functools.partial(
+                    self.forward_session_request, client, msg, params, session, agent
+                ),
+                failed=functools.partial(self._sessions.remove, session),
+            )
 
     async def _close_without_agent(
         self, client: ClientLink, msg: JsonObject, session: Session, agent: AgentLink
@@ -266,8 +274,8 @@ class SessionRequests:
         agent.send_nowait(
             dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
         )
-        await self._settle_permissions(session, "cancelled", "close")
-        self._close_session(session, delete=msg["method"] == "session/delete")
+        await self._cancel.settle_permissions(session, "cancelled", "close")
+        self._reattach.close_session(session, delete=msg["method"] == "session/delete")
         await client.send(dumps(rpc.result(msg["id"], {})))
 
 

@@ -15,26 +15,16 @@ from acp_bridge.engine.links import AgentState
 from acp_bridge.runtime.heap import memory_figures
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
+    from acp_bridge.engine.approvals import Approvals
     from acp_bridge.engine.hub import Hub
-    from acp_bridge.engine.links import AgentLink
+    from acp_bridge.engine.reverse import Reverse
     from acp_bridge.protocol.jsonrpc import JsonObject
 
 
-def status(
-    hub: Hub,
-    *,
-    approvals: Mapping[str, int],
-    requests_waiting: Callable[[AgentLink], int],
-) -> JsonObject:
+def status(hub: Hub, approvals: Approvals, reverse: Reverse) -> JsonObject:
     """
-    Everything ``acp-bridge status`` and ``/metrics`` show: agents, sessions, counters.
-
-    Args:
-        hub: the bridge's shared state.
-        approvals: permission requests settled so far, by ``decision:source``.
-        requests_waiting: how many of an agent's own requests wait on a client.
+    Everything ``acp-bridge status`` and ``/metrics`` show: agents, sessions, counters (and
+    the permission requests settled so far, by ``decision:source``).
     """
     agents = [
         {
@@ -48,7 +38,7 @@ def status(
             "queueDepth": a.queue_depth(),
             "pendingRequests": len(a.pending),
             # its own requests waiting on clients, and those refused past the limit
-            "requestsInFlight": requests_waiting(a),
+            "requestsInFlight": reverse.requests_waiting(a),
             "requestsRefused": a.requests_refused,
         }
         for a in hub.agents.values()
@@ -76,7 +66,7 @@ def status(
         "sessions": sessions,
         "connections": clients,
         "counters": dict(hub.counters),
-        "approvals": dict(approvals),
+        "approvals": dict(approvals.counts),
         "journal": hub.journal.statistics() if hub.journal is not None else None,
         "memory": memory(hub),
     }

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import secrets
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import structlog
@@ -34,11 +34,9 @@ from acp_bridge.sessions.tree import (
     IDLE,
     RUNNING,
     Child,
-    Tree,
     child_cwd,
     may_spawn,
     message_text,
-    on_parent_session,
     spawn_refusal,
     subagent_update,
     supports_subagents,
@@ -46,11 +44,15 @@ from acp_bridge.sessions.tree import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Sequence
 
     from acp_bridge.config.model import AgentConfig
+    from acp_bridge.engine.approvals import Approvals
+    from acp_bridge.engine.bridge import Bridge
+    from acp_bridge.engine.from_agent import FromAgent
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
+    from acp_bridge.engine.reattach import Reattach
     from acp_bridge.mcp.server import McpEndpoint
 
 logger = structlog.get_logger("acp_bridge.subagents")
@@ -59,6 +61,12 @@ logger = structlog.get_logger("acp_bridge.subagents")
 OFFERED: Final = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
 #: Seconds a child's ``session/close`` may take before it is given up (logged).
 CLOSE_TIMEOUT: Final = 10.0
+#: Where the remote end of an ssh agent's forward to the listener is drawn from, afresh at each
+#: launch: above Linux's default ephemeral range (32768-60999), so it is never the listener's
+#: own port when the "remote" host is this machine, nor an outgoing connection's there. Taken
+#: anyway: ssh exits 255 (ExitOnForwardFailure), a start error naming the host; the restart
+#: draws again.
+REMOTE_PORTS: Final = range(61000, 65536)
 
 
 @attrs.frozen
@@ -66,20 +74,6 @@ class Offer:
     """What a forwarded request offered its agent: the token of the server's entry."""
 
     token: str
-
-
-class OpenSession(Protocol):
-    """``FromAgent.open_session``: bind a ``session/new`` answer's session."""
-
-    def __call__(
-        self,
-        agent: AgentLink,
-        result: JsonObject,
-        client: ClientLink,
-        setup: Setup | None,
-        *,
-        parent: str | None = None,
-    ) -> tuple[Session, list[bytes]]: ...
 
 
 @attrs.define(eq=False)
@@ -93,32 +87,29 @@ class Subagents:
     Children as bridge sessions, driven by their parents' tool calls.
 
     Args:
-        hub: the shared state.
-        ensure_ready: start an agent (and wait for its ``initialize``).
-        internal_request: a request of the bridge's own to an agent; its result or raises.
-        open_session: bind a ``session/new`` answer's session (``FromAgent.open_session``).
-        settle_session: every pending permission request of a session answered cancelled.
-        forget: a closed session, marked closed in the store.
+        hub: the shared state (its ``tree``: the children).
+        from_agent: binds the session a child's ``session/new`` answer names.
+        approvals: a child's pending permission requests settled when it is cancelled.
+        reattach: a closed child's session forgotten.
+        bridge: reaches the supervisor, built after this service (it asks this one how to
+            launch an ssh agent), to start a child's agent.
     """
 
     def __init__(
         self,
         hub: Hub,
-        *,
-        ensure_ready: Callable[[AgentLink], Awaitable[None]],
-        internal_request: Callable[[AgentLink, str, JsonObject], Awaitable[Any]],
-        open_session: OpenSession,
-        settle_session: Callable[[Session, str], Awaitable[None]],
-        forget: Callable[[Session], None],
+        from_agent: FromAgent,
+        approvals: Approvals,
+        reattach: Reattach,
+        bridge: Bridge,
     ) -> None:
         self._hub = hub
         self._config = hub.config.subagents
-        self._ensure_ready = ensure_ready
-        self._internal_request = internal_request
-        self._open_session = open_session
-        self._settle_session = settle_session
-        self._forget = forget
-        self.tree = Tree()
+        self._from_agent = from_agent
+        self._approvals = approvals
+        self._reattach = reattach
+        self._bridge = bridge
+        self.tree = hub.tree
         self._endpoint: McpEndpoint | None = None
         self._turns: dict[str, _Turn] = {}
 
@@ -195,6 +186,28 @@ class Subagents:
         except (KeyError, ValueError):
             logger.warning("mcp_token_not_bound", session=session.bridge_id)
 
+    async def launch_config(self, config: AgentConfig) -> AgentConfig:
+        """
+        What an agent is launched with: an ssh agent's connection forwards a remote loopback
+        port (drawn from :data:`REMOTE_PORTS`) to the MCP listener, started now since the
+        forward names its port, and the listener accepts that port in ``Host``. Not forwarded
+        (disabled, no listener): its sessions are not offered the server.
+        """
+        if config.ssh is None or not self._config.enabled:
+            return config
+        assert self._hub.nursery is not None
+        try:
+            await self.endpoint.start(self._hub.nursery)
+        except (OSError, RuntimeError) as exc:
+            logger.warning("mcp_server_not_forwarded", agent=config.name, error=str(exc))
+        port = self.endpoint.port
+        if port is None:
+            self.endpoint.forwarded.pop(config.name, None)
+            return config
+        far = secrets.choice(REMOTE_PORTS)
+        self.endpoint.allow_port(config.name, far)
+        return attrs.evolve(config, ssh=remote.forward_to_bridge(config.ssh, far, port))
+
     # ------------------------------------------------------------------ sessions ending
 
     def removed(self, session: Session) -> None:
@@ -240,13 +253,6 @@ class Subagents:
             if text is not None:
                 child.add_text(text)
         return self._visible(self._hub.sessions.get(child.id)) is not None
-
-    def present(self, session: Session, client: ClientLink, params: JsonObject) -> JsonObject:
-        """A child's request as ``client`` is shown it (on the client's session if need be)."""
-        child = self.tree.children.get(session.bridge_id)
-        if child is None or supports_subagents(client.capabilities):
-            return params
-        return on_parent_session(params, child, self.tree.root(child.id))
 
     async def _tell_parent(self, child: Child, update: JsonObject) -> None:
         """A ``subagent_update`` on the child's parent, to a client that asked for them."""
@@ -316,7 +322,7 @@ class Subagents:
         self, parent: Session, agent: AgentLink, cwd: str, depth: int
     ) -> Session:
         try:
-            await self._ensure_ready(agent)
+            await self._bridge.supervisor.ensure_ready(agent)
         except JsonRpcError as exc:
             raise ToolError(f"agent {agent.name!r} is not available: {exc.message}") from None
         params: JsonObject = {"cwd": cwd, "mcpServers": []}
@@ -325,7 +331,7 @@ class Subagents:
             self._add_entry(agent, params, token)
         agent.new_in_flight += 1
         try:
-            result = await self._internal_request(agent, "session/new", params)
+            result = await self._hub.internal_request(agent, "session/new", params)
         except JsonRpcError as exc:
             if token is not None:
                 self.endpoint.revoke(token)
@@ -341,7 +347,7 @@ class Subagents:
                 self.endpoint.revoke(token)
             raise ToolError(f"agent {agent.name!r} answered session/new without a new session")
         assert isinstance(result, dict)
-        session, early = self._open_session(
+        session, early = self._from_agent.open_session(
             agent, result, parent.client, Setup((cwd,), parent.unattended), parent=parent.bridge_id
         )
         if token is not None:
@@ -380,7 +386,7 @@ class Subagents:
         try:
             with turn.scope:
                 try:
-                    result = await self._internal_request(agent, "session/prompt", params)
+                    result = await self._hub.internal_request(agent, "session/prompt", params)
                 except JsonRpcError as exc:
                     child.end_turn(None, exc.message)
                 else:
@@ -448,7 +454,7 @@ class Subagents:
             agent.send_nowait(
                 dumps(rpc.notification("session/cancel", {"sessionId": session.agent_id}))
             )
-            await self._settle_session(session, "cancel")
+            await self._approvals.settle_session(session, "cancel")
         grace = self._hub.config.bridge.cancel_grace
         for turn in turns:
             with trio.move_on_after(grace if grace > 0 else math.inf):
@@ -469,7 +475,7 @@ class Subagents:
                 continue
             owned = self._hub.sessions.owns_agent_id(session)
             self._hub.sessions.remove(session)
-            self._forget(session)
+            self._reattach.forget(session)
             agent = self._hub.agents[session.agent]
             if owned and session.state is SessionState.ACTIVE:
                 await self._close_at_agent(agent, session.agent_id)
@@ -481,11 +487,9 @@ class Subagents:
             return
         with trio.move_on_after(CLOSE_TIMEOUT):
             try:
-                await self._internal_request(agent, "session/close", {"sessionId": agent_sid})
+                await self._hub.internal_request(agent, "session/close", {"sessionId": agent_sid})
             except JsonRpcError as exc:
                 logger.warning("subagent_close_failed", agent=agent.name, error=exc.message)
-
-    # ------------------------------------------------------------------ status
 
 
 def _not_ours(server: object) -> bool:
@@ -498,20 +502,10 @@ async def _first(event: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-__all__ = ["OFFERED", "REMOTE_PORTS", "Offer", "Subagents", "launch_config", "reaches"]
-
-#: Where the remote end of an ssh agent's forward to the listener is drawn from, afresh at each
-#: launch: above Linux's default ephemeral range (32768-60999), so it is never the listener's
-#: own port when the "remote" host is this machine, nor an outgoing connection's there. Taken
-#: anyway: ssh exits 255 (ExitOnForwardFailure), a start error naming the host; the restart
-#: draws again.
-REMOTE_PORTS: Final = range(61000, 65536)
-
-
 def reaches(subagents: Subagents, agent: AgentLink) -> bool:
     """
     ``agent`` can reach the MCP listener: a local one; an ssh one whose connection forwards a
-    port to it (:func:`launch_config`) and that speaks http MCP (a stdio entry would need
+    port to it (:meth:`Subagents.launch_config`) and that speaks http MCP (a stdio entry would need
     ``acp-bridge`` installed on the far side). A launcher's engine forwards nothing.
     """
     if agent.config.ssh is None:
@@ -521,25 +515,4 @@ def reaches(subagents: Subagents, agent: AgentLink) -> bool:
     return http and agent.name in subagents.endpoint.forwarded
 
 
-async def launch_config(subagents: Subagents, config: AgentConfig) -> AgentConfig:
-    """
-    What an agent is launched with (``Supervisor.launch_config``): an ssh agent's connection
-    forwards a remote loopback port (drawn from :data:`REMOTE_PORTS`) to the MCP listener,
-    started now since the forward names its port, and the listener accepts that port in
-    ``Host``. Not forwarded (disabled, no listener): its sessions are not offered the server.
-    """
-    hub = subagents._hub
-    if config.ssh is None or not hub.config.subagents.enabled:
-        return config
-    assert hub.nursery is not None
-    try:
-        await subagents.endpoint.start(hub.nursery)
-    except (OSError, RuntimeError) as exc:
-        logger.warning("mcp_server_not_forwarded", agent=config.name, error=str(exc))
-    port = subagents.endpoint.port
-    if port is None:
-        subagents.endpoint.forwarded.pop(config.name, None)
-        return config
-    far = secrets.choice(REMOTE_PORTS)
-    subagents.endpoint.allow_port(config.name, far)
-    return attrs.evolve(config, ssh=remote.forward_to_bridge(config.ssh, far, port))
+__all__ = ["OFFERED", "REMOTE_PORTS", "Offer", "Subagents", "reaches"]

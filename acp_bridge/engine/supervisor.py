@@ -5,22 +5,24 @@ An agent is started on first use (:meth:`Supervisor.ensure_ready`), after a back
 died recently, and not at all while it is in a crash loop (``agents.backoff``). One life is one task
 (:meth:`Supervisor._agent_life`) owning a nursery with the launcher (which owns the process),
 the agent's writer, its stderr reader (lines become ``_acp_bridge/log`` diagnostics) and its
-protocol reader (the relay's, given at construction). The life starts with the ``initialize``
+protocol reader (the relay's: ``engine.relay``). The life starts with the ``initialize``
 handshake, bounded by the agent's ``start_timeout``, and ends when the reader sees EOF: then
 everything that waited on the agent is answered (:meth:`Supervisor.agent_gone`) and its
-sessions end. :meth:`Supervisor.stop_agents` ends every life.
+sessions end (published on :attr:`Supervisor.sessions_ended`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from acp_bridge.agents.backoff import CrashLoop
 from acp_bridge.agents.process import AgentStartError, AgentTransport, StderrRing
 from acp_bridge.config import remote
+from acp_bridge.engine.approvals import Ask
+from acp_bridge.engine.hub import answer_of
 from acp_bridge.engine.links import AgentState, ClientLink, Waiter, pump_channel
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.diagnostics import guess_level
@@ -29,15 +31,18 @@ from acp_bridge.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError
 from acp_bridge.protocol.wire import PROTOCOL_VERSION
 from acp_bridge.runtime import pipes
 from acp_bridge.sessions.table import SessionState
+from acp_bridge.sessions.topic import Topic
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from acp_bridge.agents.process import Launcher
-    from acp_bridge.config.model import AgentConfig
+    from acp_bridge.engine.approvals import Approvals
+    from acp_bridge.engine.from_agent import FromAgent
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink
-    from acp_bridge.sessions.table import Forwarded
+    from acp_bridge.engine.log_channel import LogChannel
+    from acp_bridge.engine.subagents import Subagents
 
 #: how long to wait for an exited agent's status before failing its requests without it
 EXIT_STATUS_WAIT: Final = 0.25
@@ -47,16 +52,6 @@ EXIT_STATUS_WAIT: Final = 0.25
 EARLY_LEFT_MIN: Final = 0.1
 
 
-class _AgentLog(Protocol):
-    def __call__(
-        self, agent: AgentLink, level: str, message: str, *, stream: str | None
-    ) -> Awaitable[None]: ...
-
-
-class _UndoForward(Protocol):
-    def __call__(self, agent: AgentLink, entry: Forwarded, *, ok: bool) -> object: ...
-
-
 class Supervisor:
     """
     Starts, watches and stops the agents of one bridge.
@@ -64,43 +59,30 @@ class Supervisor:
     Args:
         hub: the bridge's shared state.
         launcher: how agents are started (a real subprocess launcher, or fakes in tests).
-        read_chunk: bytes read from an agent's stderr at a time.
-        reader: the protocol reader of one agent life (``reader(agent, stdout, eof)``; it sets
-            ``eof`` when the agent's stdout ends).
-        agent_log: a diagnostic about an agent to its clients (the log channel's).
-        undo_forward: the bookkeeping of a forwarded request that ended (here: failed).
-        approval_agent_gone: settles a permission request whose agent exited.
-        ask_type: the type of a forwarded request's ``extra`` that marks a permission request
-            put to a human (``engine.approvals.Ask``): those are settled, not just withdrawn.
-        sessions_ended: told when an agent's sessions ended with it (sub-agents close).
+        logs: a diagnostic about an agent to its clients (its stderr, its starts and exits).
+        from_agent: reads an agent's stdout; ends the requests forwarded to a dead one.
+        approvals: settles the permission requests of an agent that exited.
+        subagents: what an ssh agent is launched with (a forward to the MCP listener).
     """
 
     def __init__(
         self,
         hub: Hub,
-        *,
         launcher: Launcher,
-        read_chunk: int,
-        reader: Callable[[AgentLink, trio.abc.ReceiveStream, trio.Event], Awaitable[None]],
-        agent_log: _AgentLog,
-        undo_forward: _UndoForward,
-        approval_agent_gone: Callable[[Forwarded], Awaitable[None]],
-        ask_type: type[Any],
-        sessions_ended: Callable[[AgentLink], None] | None = None,
+        logs: LogChannel,
+        from_agent: FromAgent,
+        approvals: Approvals,
+        subagents: Subagents,
     ) -> None:
         self._hub = hub
-        self._agents = hub.agents
         self._sessions = hub.sessions
         self._launcher = launcher
-        self._read_chunk = read_chunk
-        self._reader = reader
-        self._agent_log = agent_log
-        self._undo_forward = undo_forward
-        self._approval_agent_gone = approval_agent_gone
-        self._ask_type = ask_type
-        self._sessions_ended = sessions_ended
-        #: what an agent is launched with, if not its config (the sub-agents' ssh forward)
-        self.launch_config: Callable[[AgentConfig], Awaitable[AgentConfig]] | None = None
+        self._logs = logs
+        self._from_agent = from_agent
+        self._approvals = approvals
+        self._subagents = subagents
+        #: an agent died: its sessions ended (told after everything waiting on it was answered)
+        self.sessions_ended: Topic[[AgentLink]] = Topic()
 
     async def ensure_ready(self, agent: AgentLink) -> None:
         """
@@ -203,7 +185,7 @@ class Supervisor:
             nursery.start_soon(self._agent_writer, agent, receive, transport.send)
             if transport.stderr is not None:
                 nursery.start_soon(self._agent_stderr, agent, transport.stderr)
-            nursery.start_soon(self._reader, agent, transport.receive, eof)
+            nursery.start_soon(self._from_agent.reader, agent, transport.receive, eof)
             log.info("agent_spawned", pid=transport.pid)
             if transport.initialized is not None:
                 # Initialized before the imports (``faces.early``), under the id its first
@@ -222,7 +204,9 @@ class Supervisor:
             agent.settled.set()
             log.info("agent_ready", pid=transport.pid)
             verb = "restarted" if agent.starts > 1 else "started"
-            await self._agent_log(agent, "info", f"agent {verb} (pid {transport.pid})", stream=None)
+            await self._logs.agent_log(
+                agent, "info", f"agent {verb} (pid {transport.pid})", stream=None
+            )
             await eof.wait()
             with trio.move_on_after(EXIT_STATUS_WAIT):
                 await agent.exited.wait()
@@ -232,7 +216,7 @@ class Supervisor:
                 if agent.failure is None
                 else f"was stopped: {agent.failure}"
             )
-            await self._agent_log(
+            await self._logs.agent_log(
                 agent,
                 "warning" if agent.failure is None else "error",
                 f"agent {reason} (status {agent.exit_status})",
@@ -245,9 +229,7 @@ class Supervisor:
         self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]
     ) -> None:
         try:
-            config = agent.config
-            if self.launch_config is not None:
-                config = await self.launch_config(config)
+            config = await self._subagents.launch_config(agent.config)
             agent.exit_status = await self._launcher(config, task_status=task_status)
         finally:
             agent.exited.set()
@@ -269,10 +251,10 @@ class Supervisor:
 
         async def ask() -> Any:
             if sent is None:
-                return await self.internal_request(agent, "initialize", params)
+                return await self._hub.internal_request(agent, "initialize", params)
             waiter = Waiter()
             agent.pending.add(waiter)  # (the first id: the one it was sent)
-            return await self._answer_of(agent, waiter)
+            return await answer_of(agent, waiter)
 
         result: Any = None
         refused: JsonRpcError | None = None
@@ -355,7 +337,7 @@ class Supervisor:
             client = entry.origin
             assert isinstance(client, ClientLink)
             client.done(entry.origin_id)
-            self._undo_forward(agent, entry, ok=False)
+            self._from_agent.undo_forward(agent, entry, ok=False)
             answer = dumps(rpc.error(entry.origin_id, err))
             session = entry.session
             if client.closed and session is not None and session.client is None:
@@ -366,8 +348,8 @@ class Supervisor:
             await client.send(answer)
         for agent_id, (client, client_id) in list(agent.inflight.items()):
             shown = client.pending.get(client_id)
-            if shown is not None and isinstance(shown.extra, self._ask_type):
-                await self._approval_agent_gone(shown)
+            if shown is not None and isinstance(shown.extra, Ask):
+                await self._approvals.agent_gone(shown)
                 continue
             del agent.inflight[agent_id]
             client.pending.pop(client_id)
@@ -375,14 +357,13 @@ class Supervisor:
         for session in self._sessions.of_agent(agent.name):
             session.state = SessionState.ENDED
             for entry in list(session.parked):
-                if isinstance(entry.extra, self._ask_type):
-                    await self._approval_agent_gone(entry)
+                if isinstance(entry.extra, Ask):
+                    await self._approvals.agent_gone(entry)
             session.parked.clear()
             session.pending_permissions.clear()
         agent.new_in_flight = 0
         agent.early_updates.clear()
-        if self._sessions_ended is not None:
-            self._sessions_ended(agent)
+        self.sessions_ended.publish(agent)
 
     async def _agent_writer(
         self,
@@ -402,42 +383,14 @@ class Supervisor:
         line; the protocol reader is another task, so a flood here never delays it.
         """
         try:
-            while data := await stream.receive_some(self._read_chunk):
+            while data := await stream.receive_some(pipes.READ_BUFFER_BYTES):
                 for line in agent.stderr.feed(data):
-                    await self._agent_log(agent, guess_level(line), line, stream="stderr")
+                    await self._logs.agent_log(agent, guess_level(line), line, stream="stderr")
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         tail = agent.stderr.flush()
         if tail is not None:
-            await self._agent_log(agent, guess_level(tail), tail, stream="stderr")
-
-    async def internal_request(self, agent: AgentLink, method: str, params: JsonObject) -> Any:
-        """A request of the bridge's own to an agent; returns its result or raises."""
-        waiter = Waiter()
-        bridge_id = agent.pending.add(waiter)
-        remote.map_to_agent(agent.config, method, params)
-        if not agent.send_nowait(dumps(rpc.request(bridge_id, method, params))):
-            agent.pending.pop(bridge_id)
-            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} is not accepting input")
-        return await self._answer_of(agent, waiter)
-
-    @staticmethod
-    async def _answer_of(agent: AgentLink, waiter: Waiter) -> Any:
-        """The result of the request ``waiter`` waits for, or its error raised."""
-        response = await waiter.wait()
-        if "error" in response:
-            err = response["error"]
-            if isinstance(err, dict) and type(err.get("code")) is int:
-                raise JsonRpcError(err["code"], str(err.get("message", "")), err.get("data"))
-            raise JsonRpcError(INTERNAL_ERROR, f"agent {agent.name!r} answered an invalid error")
-        return response.get("result")
-
-    async def stop_agents(self) -> None:
-        """Stop every agent (stdin EOF → SIGTERM → SIGKILL) and wait for them."""
-        for agent in self._agents.values():
-            if agent.stop_scope is not None and agent.state is not AgentState.STOPPED:
-                agent.state = AgentState.STOPPING
-                agent.stop_scope.cancel()
+            await self._logs.agent_log(agent, guess_level(tail), tail, stream="stderr")
 
 
 __all__ = ["EXIT_STATUS_WAIT", "Supervisor"]

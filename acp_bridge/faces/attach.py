@@ -51,6 +51,7 @@ from acp_bridge.faces.token import TokenError, is_loopback, resolve_token
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.framing import DEFAULT_MAX_LINE_BYTES, LineDecoder, Oversize
 from acp_bridge.protocol.jsonrpc import JsonRpcError, dumps
+from acp_bridge.runtime import pipes
 from acp_bridge.runtime.nursery import cancel_on_signals, leaves
 
 if TYPE_CHECKING:
@@ -98,7 +99,6 @@ LINGER: Final = 2.0
 #: HTTP statuses that no retry will change: bad request, token, origin/host, path, method.
 FINAL_STATUSES: Final = frozenset({400, 401, 403, 404, 405, 426})
 
-_READ_CHUNK: Final = 64 * 1024
 _WRITE_BATCH: Final = 64 * 1024
 _HINTS: Final = {
     401: "the token was refused: check --token-file / --token-env",
@@ -133,6 +133,19 @@ class _Link:
         self.scope.cancel()
 
 
+@attrs.frozen
+class _Keep:
+    """How the shim keeps its connection (see :func:`attach` for each)."""
+
+    reconnect_for: float
+    connect_for: float
+    backoff: Backoff
+    ping_interval: float
+    ping_timeout: float
+    max_line_bytes: int
+    jitter: Callable[[], float]
+
+
 class _Attach:
     def __init__(
         self,
@@ -140,26 +153,13 @@ class _Attach:
         editor_in: trio.abc.ReceiveStream,
         editor_out: trio.abc.SendStream,
         connect: Connect,
-        *,
-        reconnect_for: float,
-        connect_for: float,
-        backoff: Backoff,
-        ping_interval: float,
-        ping_timeout: float,
-        max_line_bytes: int,
-        jitter: Callable[[], float],
+        keep: _Keep,
     ) -> None:
         self._core = core
         self._editor_in = editor_in
         self._editor_out = editor_out
         self._connect = connect
-        self._reconnect_for = reconnect_for
-        self._connect_for = connect_for
-        self._backoff = backoff
-        self._ping_interval = ping_interval
-        self._ping_timeout = ping_timeout
-        self._max_line_bytes = max_line_bytes
-        self._jitter = jitter
+        self._keep = keep
         self._to_editor, self._editor_queue = trio.open_memory_channel[bytes](EDITOR_QUEUE)
         #: set (and replaced) whenever the core's state moved: queue room, work, phase
         self._changed = trio.Event()
@@ -220,9 +220,9 @@ class _Attach:
     # ------------------------------------------------------------------ the editor side
 
     async def _editor_reader(self) -> None:
-        decoder = LineDecoder(max_line_bytes=self._max_line_bytes)
+        decoder = LineDecoder(max_line_bytes=self._keep.max_line_bytes)
         try:
-            while data := await self._editor_in.receive_some(_READ_CHUNK):
+            while data := await self._editor_in.receive_some(pipes.READ_BUFFER_BYTES):
                 for line in decoder.feed(data):
                     await self._from_editor(line)
             rest = decoder.feed_eof()
@@ -265,7 +265,7 @@ class _Attach:
     # ------------------------------------------------------------------ connections
 
     async def _connection_loop(self) -> int:
-        window = self._connect_for
+        window = self._keep.connect_for
         since = trio.current_time()
         attempt = 0
         while trio.current_time() < self._stop_at:
@@ -284,14 +284,14 @@ class _Attach:
             if self._live:
                 # It was attached: a new outage starts now, with the full window.
                 since = trio.current_time()
-                window = self._reconnect_for
+                window = self._keep.reconnect_for
                 attempt = 0
             if ended.final:
                 return await self._give_up(ended.reason)
             elapsed = trio.current_time() - since
             if elapsed >= window:
                 return await self._give_up(f"{ended.reason} (gave up after {elapsed:.0f}s)")
-            delay = min(self._backoff.delay(attempt, self._jitter()), window - elapsed)
+            delay = min(self._keep.backoff.delay(attempt, self._keep.jitter()), window - elapsed)
             attempt += 1
             self._log.warning("attach_disconnected", reason=ended.reason, retry_in=delay)
             with trio.move_on_at(min(trio.current_time() + delay, self._stop_at)) as waiting:
@@ -350,7 +350,7 @@ class _Attach:
             link = _Link(nursery.cancel_scope)
             nursery.start_soon(self._socket_reader, ws, link)
             nursery.start_soon(self._socket_writer, ws, link)
-            if self._ping_interval > 0:
+            if self._keep.ping_interval > 0:
                 nursery.start_soon(self._keepalive, ws, link)
         return _Ended(None if link.closing else link.reason or "connection ended")
 
@@ -403,11 +403,11 @@ class _Attach:
     async def _keepalive(self, ws: trio_websocket.WebSocketConnection, link: _Link) -> None:
         try:
             while True:
-                await trio.sleep(self._ping_interval)
-                with trio.move_on_after(self._ping_timeout):
+                await trio.sleep(self._keep.ping_interval)
+                with trio.move_on_after(self._keep.ping_timeout):
                     await ws.ping()
                     continue
-                link.fail(f"no pong within {self._ping_timeout:g}s")
+                link.fail(f"no pong within {self._keep.ping_timeout:g}s")
                 return
         except trio_websocket.ConnectionClosed as exc:
             link.fail(_closed_text(exc))
@@ -473,11 +473,7 @@ async def attach(
     Cancellation:
         Cancelling it drops the connection without a closing handshake.
     """
-    runner = _Attach(
-        core if core is not None else AttachCore(agent=agent),
-        editor_in,
-        editor_out,
-        connect,
+    keep = _Keep(
         reconnect_for=reconnect_for,
         connect_for=connect_for,
         backoff=backoff if backoff is not None else Backoff(),
@@ -486,6 +482,8 @@ async def attach(
         max_line_bytes=max_line_bytes,
         jitter=jitter,
     )
+    core = core if core is not None else AttachCore(agent=agent)
+    runner = _Attach(core, editor_in, editor_out, connect, keep)
     return await runner.run()
 
 

@@ -123,7 +123,7 @@ class Console:
         self.live = 0
         self._page = _asset("index.html")
         self._assets = {name: _asset(name).encode() for name in _CONTENT_TYPES}
-        approvals.desk.watch(self._on_change)
+        approvals.desk.changed.subscribe(self._on_change)
 
     def _on_change(self, entry: Forwarded, settlement: Settlement | None) -> None:
         if settlement is not None:

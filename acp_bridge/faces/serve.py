@@ -294,9 +294,9 @@ def run_serve(
             info: ListenInfo = await nursery.start(
                 partial(_serve_prepared, bridge, config, prepared)
             )
-            name = bridge.default_agent
+            name = bridge.hub.default_agent
             try:
-                await bridge.ensure_ready(bridge.agents[name])
+                await bridge.supervisor.ensure_ready(bridge.hub.agents[name])
                 state = "ready"
             except JsonRpcError as exc:
                 logger.error("default_agent_failed", agent=name, error=exc.message)

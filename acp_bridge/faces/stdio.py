@@ -88,7 +88,7 @@ async def with_bridge(
                     redactor=redactor,
                 )
                 await inner.start(bridge.run)
-                counters = bridge.counters
+                counters = bridge.hub.counters
                 inner.start_soon(
                     trim_heap_forever, lambda: counters["from_agent"] + counters["to_client"]
                 )

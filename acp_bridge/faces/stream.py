@@ -46,12 +46,12 @@ async def serve_client_stream(
     Its sessions are detached whatever way the connection ends.
     """
     client = bridge.open_client(name, blocking=True)
-    grace = bridge.config.bridge.stop_grace if linger is None else linger
-    decoder = LineDecoder(max_line_bytes=bridge.config.bridge.max_line_bytes)
+    grace = bridge.hub.config.bridge.stop_grace if linger is None else linger
+    decoder = LineDecoder(max_line_bytes=bridge.hub.config.bridge.max_line_bytes)
     # --experimental-v2: the first line decides v1 or v2 (docs/v2.md); its code is loaded
     # only then (start-up: an editor's initialize does not wait for it)
     gate = None
-    if bridge.config.bridge.experimental_v2:
+    if bridge.hub.config.bridge.experimental_v2:
         from acp_bridge.faces.v2 import V2Gate
 
         gate = V2Gate(client, bridge.handle_client_line)
@@ -84,7 +84,7 @@ async def serve_client_stream(
             # reading gets the same grace, then is let go.
             nursery.cancel_scope.deadline = trio.current_time() + grace
     finally:
-        if client in bridge.clients:
+        if client in bridge.hub.clients:
             with trio.CancelScope(shield=True):
                 await bridge.close_client(client, "connection lost")
 

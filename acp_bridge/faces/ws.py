@@ -135,7 +135,7 @@ class _Idle:
     """
     A connection's idle timer (``idle_timeout``): one task that sleeps until the reader has
     waited ``timeout`` seconds for a message, rather than a timeout entered and left around
-    every read (a cancel scope: about 5 µs a message, on a round trip's path).
+    every read (a cancel scope per message, on a round trip's path).
     """
 
     timeout: float
@@ -218,7 +218,7 @@ class WebSocketFace:
         #: the approval console on this listener
         self.console = ConsoleService(
             bridge.approvals,
-            bridge.audit,
+            bridge.hub.audit,
             self.policy,
             tls=ssl_context is not None,
             send_timeout=settings.ping_timeout,
@@ -411,7 +411,7 @@ class WebSocketFace:
         client = self._bridge.open_client(f"ws:{conn_id[:8]}", blocking=False)
         ending = _Ending(trio.CancelScope())
         handle = self._bridge.handle_client_line
-        gate = V2Gate(client, handle) if self._bridge.config.bridge.experimental_v2 else None
+        gate = V2Gate(client, handle) if self._bridge.hub.config.bridge.experimental_v2 else None
         idle = _Idle(self._settings.idle_timeout) if self._settings.idle_timeout > 0 else None
         try:
             with ending.scope:

@@ -1,8 +1,8 @@
 """
 Routing state: which agent owns which session, and which requests are waiting on whom.
 
-Pure: no I/O, no trio. The bridge (``engine.bridge``) owns one :class:`SessionTable` and one
-:class:`PendingTable` per link; it asks them where a message goes and performs the answer.
+Pure: no I/O, no trio. The hub (``engine.hub``) holds one :class:`SessionTable`, each link one
+:class:`PendingTable`; the services ask them where a message goes and perform the answer.
 
 Session ids: the client sees *bridge* session ids. A bridge id equals the agent's own id
 whenever that id is not already taken, so most traffic passes without rewriting; when two
@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypeVar
 
 import attrs
 import structlog
+
+from acp_bridge.sessions.topic import Topic
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -282,20 +284,22 @@ class SessionTable:
     Sessions only the store has (closed ones, kept for ``sessions export``; those of an agent
     no longer configured) are not in the table but keep their bridge ids from new sessions:
     a new session that gets such an id (an agent counting from 1 again) takes it, and the
-    kept session moves to an id of its own (``on_move(old, new)``: its store row and journal
-    move with it). One small entry each, as many as the store has rows: the store's bound.
+    kept session moves to an id of its own (published on :attr:`moved` as ``(old, new)``: its
+    store row and journal move with it). One small entry each, as many as the store has rows:
+    the store's bound.
     """
 
-    __slots__ = ("_by_agent", "_by_bridge", "_kept", "on_move", "on_remove")
+    __slots__ = ("_by_agent", "_by_bridge", "_kept", "moved", "removed")
 
-    def __init__(self, on_move: Callable[[str, str], None] | None = None) -> None:
+    def __init__(self) -> None:
         self._by_bridge: dict[str, Session] = {}
         self._by_agent: dict[str, dict[str, Session]] = {}
         #: bridge id → (agent, agent session id) of the sessions only the store has
         self._kept: dict[str, tuple[str, str]] = {}
-        self.on_move = on_move
-        #: told of each session :meth:`remove` takes out (closed, deleted, expired, failed)
-        self.on_remove: Callable[[Session], None] | None = None
+        #: a kept session moved aside: (its old bridge id, its new one)
+        self.moved: Topic[[str, str]] = Topic()
+        #: each session :meth:`remove` takes out (closed, deleted, expired, failed)
+        self.removed: Topic[[Session]] = Topic()
 
     def __len__(self) -> int:
         return len(self._by_bridge)
@@ -398,8 +402,7 @@ class SessionTable:
             return
         new = self._second_id(*kept)
         self._kept[new] = kept
-        if self.on_move is not None:
-            self.on_move(bridge_id, new)
+        self.moved.publish(bridge_id, new)
 
     def owns_agent_id(self, session: Session) -> bool:
         """Whether ``session`` is still the one its agent session id leads to."""
@@ -422,8 +425,8 @@ class SessionTable:
         sessions = self._by_agent.get(session.agent)
         if sessions is not None and sessions.get(session.agent_id) is session:
             del sessions[session.agent_id]
-        if removed and self.on_remove is not None:
-            self.on_remove(session)
+        if removed:
+            self.removed.publish(session)
 
 
 T = TypeVar("T")

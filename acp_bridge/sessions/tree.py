@@ -7,7 +7,7 @@ parent is, how deep it sits, whether a turn is running, and the text of its last
 spawn may do (:func:`spawn_refusal`: depth, fan-out, agent globs; :func:`child_cwd`: inside
 the parent's roots), which tools a session is offered (:func:`tools_for`), what a child's
 update adds to its turn's text (:func:`message_text`) and how a child is shown to a client
-(:func:`subagent_update`, :func:`on_parent_session`) are decided here; ``engine.subagents`` waits.
+(:func:`subagent_update`, :meth:`Tree.present`) are decided here; ``engine.subagents`` waits.
 """
 
 from __future__ import annotations
@@ -161,6 +161,18 @@ class Tree:
         """``child`` if it is ``caller``'s own child, else None (another's, or unknown)."""
         found = self.children.get(child)
         return found if found is not None and found.parent == caller else None
+
+    def present(
+        self, session: str, capabilities: Mapping[str, Any], params: dict[str, Any]
+    ) -> dict[str, Any]:
+        """
+        A request of ``session``'s agent as a client with these ``capabilities`` is shown it:
+        as it is, or, a child's to a client without ``subagents``, on its tree's root.
+        """
+        child = self.children.get(session)
+        if child is None or supports_subagents(capabilities):
+            return params
+        return on_parent_session(params, child, self.root(child.id))
 
 
 def tools_for(depth: int, max_depth: int) -> tuple[str, ...]:

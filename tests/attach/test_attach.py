@@ -331,7 +331,7 @@ async def test_attach_survives_the_server_dropping_the_socket_mid_turn():
             connector.gate = trio.Event()
             await first.drop()
             await first.done.wait()
-            assert server.bridge.sessions.get(sid).client is None  # detached, still alive
+            assert server.bridge.hub.sessions.get(sid).client is None  # detached, still alive
             await a.update("s1", "while-away-1")
             await a.update("s1", "while-away-2")
             await server.wait_until(lambda: connector.attempts == 2)
@@ -453,8 +453,8 @@ async def test_agent_option_selects_the_agent_of_new_sessions_that_name_none():
             await editor.initialize()
             assert await editor.new_session() == "t1"
             assert await editor.new_session(agent="a") == "s1"
-            assert server.bridge.sessions.get("t1").agent == "b"
-            assert server.bridge.sessions.get("s1").agent == "a"
+            assert server.bridge.hub.sessions.get("t1").agent == "b"
+            assert server.bridge.hub.sessions.get("s1").agent == "a"
             news = [m for m in server.connections[0].received if m["method"] == "session/new"]
             assert [m["params"]["_meta"]["acp_bridge"]["agent"] for m in news] == ["b", "a"]
             nursery.cancel_scope.cancel()
@@ -541,7 +541,7 @@ async def test_attach_survives_a_cut_through_the_real_websocket_face():
             await editor.wait_for(mentions("a:s1:waiting"))
             gate = trio.Event()
             await relay.cut()
-            assert bridge.sessions.get(sid).client is None
+            assert bridge.hub.sessions.get(sid).client is None
             await a.update("s1", "while-away")
             gate.set()
             await editor.wait_for(mentions("while-away"))

@@ -66,9 +66,9 @@ async def test_timeout_never_grants(autojump_clock):
         ]
         assert len(resolved) == 1000
         assert {m["params"]["reason"] for m in resolved} == {"timeout"}
-        sources = [r.source for r in bridge.audit.recent]
+        sources = [r.source for r in bridge.hub.audit.recent]
         assert sources.count("timeout") == 1000
-        assert not [r for r in bridge.audit.recent if r.decision == "allow"]
+        assert not [r for r in bridge.hub.audit.recent if r.decision == "allow"]
 
 
 async def test_no_client_attached_means_deny_at_once(autojump_clock):
@@ -83,7 +83,7 @@ async def test_no_client_attached_means_deny_at_once(autojump_clock):
         assert [outcome_of(r) for r in results.values()] == [
             {"outcome": "selected", "optionId": "no"}
         ] * 1000
-        assert {r.source for r in bridge.audit.recent} == {"unattended"}
+        assert {r.source for r in bridge.hub.audit.recent} == {"unattended"}
 
 
 async def test_no_reject_option_offered_means_cancelled_never_allow():
@@ -112,7 +112,7 @@ async def test_rules_answer_with_the_agents_own_options_and_nothing_is_shown():
         assert outcome_of(search) == {"outcome": "selected", "optionId": "always"}
         assert outcome_of(delete) == {"outcome": "selected", "optionId": "no"}
         assert not [m for m in client.received if m.get("method") == "session/request_permission"]
-        assert [(r.decision, r.source) for r in bridge.audit.recent] == [
+        assert [(r.decision, r.source) for r in bridge.hub.audit.recent] == [
             ("allow", "reads"),
             ("allow", "always-search"),
             ("deny", "no-delete"),
@@ -158,7 +158,7 @@ async def test_cancel_settles_50_pending_at_once_and_late_answers_are_refused_an
                 }
             )
         await client.call("_acp_bridge/agents", {})  # a round trip: the answers were handled
-        late = [r for r in bridge.audit.recent if r.source == "late_answer"]
+        late = [r for r in bridge.hub.audit.recent if r.source == "late_answer"]
         assert len(late) == 50
         assert {r.decision for r in late} == {"refused"}
         # The agent got exactly one answer per request, and never an allow.
@@ -175,7 +175,7 @@ async def test_unattended_session_denies_and_says_why():
         assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}
         told = await client.wait_for(lambda m: m.get("method") == "_acp_bridge/log")
         assert "unattended" in told["params"]["data"]["message"]
-        assert bridge.audit.recent[-1].source == "unattended"
+        assert bridge.hub.audit.recent[-1].source == "unattended"
         elicit = await agent.call(
             "elicitation/create",
             {"sessionId": "s1", "mode": "form", "message": "name?", "requestedSchema": {}},
@@ -196,7 +196,7 @@ async def test_agent_exit_settles_what_it_asked_and_the_client_is_told():
             )
             assert resolved["params"]["reason"] == "agent_exit"
             nursery.cancel_scope.cancel()
-        assert bridge.audit.recent[-1].source == "agent_exit"
+        assert bridge.hub.audit.recent[-1].source == "agent_exit"
 
 
 async def test_stale_approval_is_asked_again_then_denied(tmp_path):
@@ -218,7 +218,7 @@ async def test_stale_approval_is_asked_again_then_denied(tmp_path):
             target.write_text("three")
             await client.send({"jsonrpc": "2.0", "id": again["id"], "result": allow})
         assert outcome_of(results[0]) == {"outcome": "selected", "optionId": "no"}
-        assert [r.source for r in bridge.audit.recent][-2:] == ["client", "stale"]
+        assert [r.source for r in bridge.hub.audit.recent][-2:] == ["client", "stale"]
 
 
 async def test_unchanged_file_approval_is_delivered(tmp_path):
@@ -253,7 +253,7 @@ async def test_file_access_outside_the_roots_is_refused_and_audited(tmp_path):
         for path in (f"{root}/../secret.txt", f"{root}/link.txt", "relative.txt", f"{root}/.env"):
             answer = await agent.call("fs/read_text_file", {"sessionId": "s1", "path": path})
             assert answer["error"]["code"] == -32602, path
-        refused = [r for r in bridge.audit.recent if r.source == "containment"]
+        refused = [r for r in bridge.hub.audit.recent if r.source == "containment"]
         assert len(refused) == 4
         assert not [m for m in client.received if m.get("method") == "fs/read_text_file"]
         # Inside: forwarded, with the resolved path.
@@ -277,7 +277,7 @@ async def test_audit_records_reach_the_store(tmp_path):
         await client.new_session()
         await agent.call("session/request_permission", permission(kind="read"))
         with trio.fail_after(5):
-            await bridge.audit.wait_written(1)
+            await bridge.hub.audit.wait_written(1)
     [row] = store.audit()
     assert (row["decision"], row["source"], row["option_id"], row["agent"]) == (
         "allow",
@@ -376,7 +376,7 @@ async def test_a_permission_asked_as_the_client_drops_is_shown_to_the_next_one(
             try:
                 await client.disconnect()
                 await trio.testing.wait_all_tasks_blocked()
-                assert bridge.sessions.get(sid).client is None  # detached meanwhile
+                assert bridge.hub.sessions.get(sid).client is None  # detached meanwhile
             finally:
                 release.set()
             back = await connect(bridge, nursery, name="back")
@@ -411,7 +411,7 @@ async def test_an_ambiguous_list_is_cancelled_when_nobody_is_attached(autojump_c
         await trio.testing.wait_all_tasks_blocked()
         answer = await agent.call("session/request_permission", permission(options=SAME_ID))
         assert outcome_of(answer) == {"outcome": "cancelled"}
-        record = bridge.audit.recent[-1]
+        record = bridge.hub.audit.recent[-1]
         assert (record.decision, record.source, record.option_id) == (
             "cancelled",
             "unattended",
@@ -427,9 +427,9 @@ async def test_an_ambiguous_list_times_out_cancelled(autojump_clock):
         await ask_many(agent, 1, results, options=SAME_ID)
         assert trio.current_time() == 30
         assert outcome_of(results[0]) == {"outcome": "cancelled"}
-        record = bridge.audit.recent[-1]
+        record = bridge.hub.audit.recent[-1]
         assert (record.decision, record.source) == ("cancelled", "timeout")
-        assert not [r for r in bridge.audit.recent if r.decision == "allow"]
+        assert not [r for r in bridge.hub.audit.recent if r.decision == "allow"]
 
 
 async def test_rules_never_answer_with_an_id_another_kind_shares(autojump_clock):
@@ -460,7 +460,7 @@ async def test_rules_never_answer_with_an_id_another_kind_shares(autojump_clock)
         )
         assert outcome_of(delete) == {"outcome": "cancelled"}
         assert outcome_of(read) == {"outcome": "cancelled"}
-        assert [(r.decision, r.source) for r in bridge.audit.recent] == [
+        assert [(r.decision, r.source) for r in bridge.hub.audit.recent] == [
             ("cancelled", "no-delete"),
             ("cancelled", "reads"),
         ]
@@ -480,7 +480,7 @@ async def test_a_clients_pick_of_a_shared_id_is_audited_as_the_agent_may_read_it
             pick = {"outcome": {"outcome": "selected", "optionId": "x"}}
             await client.send({"jsonrpc": "2.0", "id": shown["id"], "result": pick})
         assert outcome_of(results[0]) == {"outcome": "selected", "optionId": "x"}
-        record = bridge.audit.recent[-1]
+        record = bridge.hub.audit.recent[-1]
         assert (record.decision, record.source, record.option_id) == ("allow", "client", "x")
 
 
@@ -501,7 +501,7 @@ async def test_deny_paths_bind_permission_requests_whatever_the_rules_say(tmp_pa
         for target in (root / ".env", root / ".git" / "config", root / "settings.txt"):
             answer = await agent.call("session/request_permission", permission(paths=[str(target)]))
             assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}, target
-            record = bridge.audit.recent[-1]
+            record = bridge.hub.audit.recent[-1]
             assert (record.decision, record.source) == ("deny", "deny_paths"), target
             assert repr(str(target)) in record.detail
         # The rule still grants what deny_paths leave alone.
@@ -509,14 +509,14 @@ async def test_deny_paths_bind_permission_requests_whatever_the_rules_say(tmp_pa
             "session/request_permission", permission(paths=[str(root / "main.py")])
         )
         assert outcome_of(fine) == {"outcome": "selected", "optionId": "yes"}
-        assert bridge.audit.recent[-1].source == "my-project"
+        assert bridge.hub.audit.recent[-1].source == "my-project"
         # No reject option: cancelled at once, never put to the human.
         answer = await agent.call(
             "session/request_permission",
             permission(paths=[str(root / ".env")], options=OPTIONS[:2]),
         )
         assert outcome_of(answer) == {"outcome": "cancelled"}
-        assert (bridge.audit.recent[-1].decision, bridge.audit.recent[-1].source) == (
+        assert (bridge.hub.audit.recent[-1].decision, bridge.hub.audit.recent[-1].source) == (
             "cancelled",
             "deny_paths",
         )
@@ -527,7 +527,7 @@ async def test_deny_paths_bind_permission_requests_whatever_the_rules_say(tmp_pa
         ]
         answer = await agent.call("session/request_permission", diff)
         assert outcome_of(answer) == {"outcome": "selected", "optionId": "no"}
-        assert bridge.audit.recent[-1].source == "deny_paths"
+        assert bridge.hub.audit.recent[-1].source == "deny_paths"
         assert not [m for m in client.received if m.get("method") == "session/request_permission"]
 
 
@@ -546,7 +546,7 @@ async def test_a_session_in_a_denied_directory_cannot_read_what_it_denies(tmp_pa
             answer = await agent.call("fs/read_text_file", {"sessionId": "s1", "path": path})
         assert answer["error"]["code"] == -32602
         assert "denied" in answer["error"]["message"]
-        assert bridge.audit.recent[-1].source == "containment"
+        assert bridge.hub.audit.recent[-1].source == "containment"
         assert not [m for m in client.received if m.get("method") == "fs/read_text_file"]
         # Its other files are still readable.
         async with trio.open_nursery() as nursery:
@@ -607,13 +607,13 @@ async def test_an_agent_asking_without_end_of_a_silent_client_holds_a_bounded_ta
             assert error["code"] == -32603
             assert error["data"] == {"maxAgentRequests": cap}
             # What the bridge holds stays at the cap.
-            (link,) = bridge.clients
+            (link,) = bridge.hub.clients
             assert len(link.pending) == cap
-            assert len(bridge.agents["a"].inflight) == cap
+            assert len(bridge.hub.agents["a"].inflight) == cap
             assert in_flight(bridge) == (cap, extra + 1)
             shown = [m for m in client.received if m.get("method") == "session/request_permission"]
             assert len(shown) == cap
-            refused = [r for r in bridge.audit.recent if r.source == "max_agent_requests"]
+            refused = [r for r in bridge.hub.audit.recent if r.source == "max_agent_requests"]
             assert len(refused) == extra
             assert {r.decision for r in refused} == {"cancelled"}
             # One answer frees one place: the next request is shown, not refused.
@@ -656,7 +656,7 @@ async def end_by_cancel(agent, client, bridge, shown, nursery):
 
 
 async def end_by_deadline(agent, client, bridge, shown, nursery):
-    await trio.sleep(bridge.config.policy.ask_timeout + 1)
+    await trio.sleep(bridge.hub.config.policy.ask_timeout + 1)
 
 
 async def end_by_withdrawal(agent, client, bridge, shown, nursery):
@@ -674,7 +674,7 @@ async def end_by_grace(agent, client, bridge, shown, nursery):
     await client.disconnect()
     await trio.testing.wait_all_tasks_blocked()
     assert in_flight(bridge)[0] == 2  # parked for a reattach: still waiting
-    await trio.sleep(bridge.config.bridge.detach_grace + 1)
+    await trio.sleep(bridge.hub.config.bridge.detach_grace + 1)
 
 
 async def end_by_reattach(agent, client, bridge, shown, nursery):
@@ -730,7 +730,7 @@ async def test_every_way_a_request_ends_frees_its_place(autojump_clock, ask, end
         await trio.testing.wait_all_tasks_blocked()
         assert in_flight(bridge) == (0, 1)
         if ending in ("answer", "cancel", "deadline", "withdrawal", "reattach"):
-            owner = bridge.sessions.get("s1").client
+            owner = bridge.hub.sessions.get("s1").client
             assert owner is not None
             await ask(agent, 4)
             await trio.testing.wait_all_tasks_blocked()

@@ -22,7 +22,7 @@ async def test_initialize_waits_for_default_agent_and_answers_v1(autojump_clock)
         assert trio.current_time() == 3
         assert result["protocolVersion"] == 1
         assert result["agentCapabilities"]["loadSession"] is True
-        assert bridge.agents["a"].state is AgentState.READY
+        assert bridge.hub.agents["a"].state is AgentState.READY
         assert agent.received[0]["method"] == "initialize"
 
 
@@ -213,7 +213,7 @@ async def test_cancel_settles_pending_permissions_at_once_and_refuses_late_answe
         ]
         assert a.cancelled == {"s1"}
         assert client.updates(sid) == ["a:outcome:{'outcome': 'cancelled'}"]
-        assert not bridge.sessions.get(sid).pending_permissions
+        assert not bridge.hub.sessions.get(sid).pending_permissions
 
 
 async def test_cancel_is_forwarded_and_ends_the_turn():
@@ -270,7 +270,7 @@ async def test_a_turn_the_agent_does_not_end_after_cancel_is_ended_at_cancel_gra
         a.release.set()
         await trio.testing.wait_all_tasks_blocked()
         assert [m for m in client.received if m.get("id") == response["id"]] == [response]
-        assert not bridge.agents["a"].pending
+        assert not bridge.hub.agents["a"].pending
         assert (await client.prompt(sid, "count 1"))["result"] == {"stopReason": "end_turn"}
         nursery.cancel_scope.cancel()
 
@@ -290,7 +290,7 @@ async def test_a_turn_the_agent_ends_on_cancel_is_its_own_answer(autojump_clock)
             await client.notify("session/cancel", {"sessionId": sid})
         await trio.sleep(60)
         assert not [m for m in client.received if m.get("method") == "_acp_bridge/log"]
-        assert not bridge.deadlines
+        assert not bridge.hub.deadlines
 
 
 async def test_cancel_grace_0_waits_for_the_agent_forever(autojump_clock):
@@ -363,7 +363,7 @@ async def test_agent_crash_mid_prompt_fails_the_prompt_and_spares_other_agents()
         assert response["error"]["data"]["agent"] == "a"
         assert response["error"]["data"]["exitStatus"] == 1
         assert client.updates(sid_a) == ["a:s1:about-to-crash"]
-        assert bridge.agents["a"].state is AgentState.DEAD
+        assert bridge.hub.agents["a"].state is AgentState.DEAD
         # Its session has ended; the other agent is untouched.
         ended = await client.prompt(sid_a, "count 1")
         assert "ended" in ended["error"]["message"]
@@ -746,12 +746,12 @@ async def test_session_status_looks_without_taking_the_session():
         for method in ("session/status", "session/archive"):
             refused = await other.request(method, {"sessionId": sid})
             assert refused["error"]["code"] == -32002, method
-        assert bridge.sessions.get(sid).client.name == "stdio"
+        assert bridge.hub.sessions.get(sid).client.name == "stdio"
         # Detached, a look does not take the session.
-        await bridge.close_client(bridge.sessions.get(sid).client, "gone")
+        await bridge.close_client(bridge.hub.sessions.get(sid).client, "gone")
         status = await other.request("session/status", {"sessionId": sid})
         assert status["result"]["method"] == "session/status"
-        assert bridge.sessions.get(sid).client is None
+        assert bridge.hub.sessions.get(sid).client is None
         nursery.cancel_scope.cancel()
 
 
@@ -762,7 +762,7 @@ async def test_an_archived_session_is_no_longer_live_but_stays_routable():
     async with open_bridge({"a": a}) as (client, bridge):
         sid = await client.new_session()
         await client.call("session/archive", {"sessionId": sid})
-        session = bridge.sessions.get(sid)
+        session = bridge.hub.sessions.get(sid)
         assert session.state.value == "listed"
         assert session.client is None
         unarchived = await client.call("session/unarchive", {"sessionId": sid})
@@ -782,7 +782,7 @@ async def test_connection_scoped_methods_go_to_the_default_or_the_named_agent():
     c = FakeAgent("c", capabilities={}, serves=both)
     async with open_bridge({"a": a, "b": b, "c": c}) as (client, bridge):
         assert (await client.call("logout", {}))["agent"] == "a"
-        assert bridge.agents["b"].state is AgentState.STOPPED
+        assert bridge.hub.agents["b"].state is AgentState.STOPPED
         named = {"_meta": {"acp_bridge": {"agent": "b"}}}
         for method in ("logout", "auth/status", "providers/list"):
             response = await client.request(method, named, id=f"{method}-1")

@@ -306,10 +306,10 @@ def test_each_bridge_has_its_own_secrets():
     given = Redactor()
     one = Bridge(first, make_in_process_launcher({}), redactor=given)
     other = Bridge(make_config({"a": FakeAgent("a")}), make_in_process_launcher({}))
-    assert one.redactor is given
+    assert one.hub.redactor is given
     assert given.redact(f"x {secret} y") == "x *** y"
-    assert other.redactor.redact(f"x {secret} y") == f"x {secret} y"
-    assert len(other.redactor) == 0
+    assert other.hub.redactor.redact(f"x {secret} y") == f"x {secret} y"
+    assert len(other.hub.redactor) == 0
 
 
 CLIENT_INPUT = st.lists(

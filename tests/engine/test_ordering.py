@@ -368,8 +368,8 @@ class Player:
 
     def alive(self, tracked: Tracked) -> bool:
         """The session is live at the bridge and its agent runs."""
-        session = self.bridge.sessions.get(tracked.bridge_id)
-        agent = self.bridge.agents[tracked.agent.name]
+        session = self.bridge.hub.sessions.get(tracked.bridge_id)
+        agent = self.bridge.hub.agents[tracked.agent.name]
         return (
             session is not None
             and session.state is SessionState.ACTIVE
@@ -382,7 +382,7 @@ class Player:
         answer = await self.request("session/new", params, wait=True)
         if "result" in answer:
             bridge_id = answer["result"]["sessionId"]
-            session = self.bridge.sessions.get(bridge_id)
+            session = self.bridge.hub.sessions.get(bridge_id)
             assert session is not None
             self.sessions.append(Tracked(bridge_id, agent, session.agent_id))
 
@@ -674,7 +674,7 @@ async def test_a_load_the_agent_serves_takes_the_session_like_a_reattach(method,
             sid = await client.new_session()
             crashed = await client.prompt(sid, "crash")
             assert crashed["error"]["code"] == -32603
-            ended = bridge.sessions.get(sid)
+            ended = bridge.hub.sessions.get(sid)
             assert ended is not None
             assert ended.state is SessionState.ENDED
             await client.new_session()  # the agent runs again (a new process)
@@ -692,7 +692,7 @@ async def test_a_load_the_agent_serves_takes_the_session_like_a_reattach(method,
             assert "result" in loaded, loaded
             assert any(m.get("method") == method for m in agent.received)  # the agent served it
             await trio.sleep(grace + 1)  # past the grace the dropped connection started
-            assert bridge.sessions.get(sid) is not None, "closed under its new owner"
+            assert bridge.hub.sessions.get(sid) is not None, "closed under its new owner"
             again = await back.agent_requests.receive()  # shown to the new owner
             assert again["method"] == "session/request_permission"
             reply = {"outcome": {"outcome": "selected", "optionId": "yes"}}

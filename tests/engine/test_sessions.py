@@ -66,7 +66,7 @@ async def test_disconnect_mid_turn_then_load_gives_every_update_once_in_order():
             seen_by_first = first.seqs(sid)
             await first.disconnect()
             await trio.testing.wait_all_tasks_blocked()
-            assert bridge.sessions.get(sid).client is None
+            assert bridge.hub.sessions.get(sid).client is None
             # The agent goes on while nobody is attached.
             await a.update("s1", "while-detached")
             second = await connect(bridge, nursery, seq=True)
@@ -124,12 +124,12 @@ async def test_a_detached_session_is_closed_when_the_grace_period_ends(autojump_
         sid = await first.new_session()
         await first.disconnect()
         await trio.testing.wait_all_tasks_blocked()
-        assert bridge.sessions.get(sid) is not None
+        assert bridge.hub.sessions.get(sid) is not None
         await trio.sleep(29.9)
-        assert bridge.sessions.get(sid) is not None
+        assert bridge.hub.sessions.get(sid) is not None
         await trio.sleep(0.2)
         await trio.testing.wait_all_tasks_blocked()
-        assert bridge.sessions.get(sid) is None
+        assert bridge.hub.sessions.get(sid) is None
         closes = [m for m in a.received if m.get("method") == "session/close"]
         assert closes[0]["params"] == {"sessionId": "s1"}
         async with trio.open_nursery() as nursery:
@@ -152,7 +152,7 @@ async def test_reattaching_within_grace_keeps_the_session(autojump_clock):
             second = await connect(bridge, nursery)
             await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
             await trio.sleep(100)
-            assert bridge.sessions.get(sid).client is not None
+            assert bridge.hub.sessions.get(sid).client is not None
             assert not [m for m in a.received if m.get("method") == "session/close"]
             nursery.cancel_scope.cancel()
 
@@ -170,7 +170,7 @@ async def test_a_closed_session_is_freed_at_once_after_a_reattach(autojump_clock
         async with trio.open_nursery() as nursery:
             second = await connect(bridge, nursery)
             await second.call("session/resume", {"sessionId": sid, "cwd": "/w", "mcpServers": []})
-            session = weakref.ref(bridge.sessions.get(sid))
+            session = weakref.ref(bridge.hub.sessions.get(sid))
             assert session() is not None
             await second.call("session/close", {"sessionId": sid})
             await trio.testing.wait_all_tasks_blocked()
@@ -193,11 +193,11 @@ async def test_a_close_answered_after_its_connection_dropped_does_not_close_agai
         await trio.testing.wait_all_tasks_blocked()
         await first.disconnect()
         await trio.testing.wait_all_tasks_blocked()
-        assert bridge.sessions.get(sid).detach_deadline is not None
+        assert bridge.hub.sessions.get(sid).detach_deadline is not None
         a.close_gate.set()
         await trio.testing.wait_all_tasks_blocked()
-        assert bridge.sessions.get(sid) is None
-        assert len(bridge.deadlines) == 0  # no timer left holding the closed session
+        assert bridge.hub.sessions.get(sid) is None
+        assert len(bridge.hub.deadlines) == 0  # no timer left holding the closed session
         await trio.sleep(60)
         await trio.testing.wait_all_tasks_blocked()
         assert len([m for m in a.received if m.get("method") == "session/close"]) == 1
@@ -268,7 +268,7 @@ async def test_close_of_an_agent_without_close_cancels_and_forgets_the_session()
     async with open_bridge({"a": a}) as (client, bridge):
         sid = await client.new_session()
         assert await client.call("session/close", {"sessionId": sid}) == {}
-        assert bridge.sessions.get(sid) is None
+        assert bridge.hub.sessions.get(sid) is None
         assert a.cancelled == {"s1"}
         response = await client.prompt(sid, "count 1")
         assert response["error"]["code"] == -32002
@@ -426,10 +426,10 @@ async def test_a_session_whose_creator_left_before_the_answer_expires(autojump_c
         await trio.testing.wait_all_tasks_blocked()
         await client.disconnect()
         await trio.sleep(6)  # the answer comes at t=5, to nobody
-        assert bridge.sessions.get("s1") is not None
-        assert bridge.sessions.get("s1").client is None
+        assert bridge.hub.sessions.get("s1") is not None
+        assert bridge.hub.sessions.get("s1").client is None
         await trio.sleep(10)
-        assert bridge.sessions.get("s1") is None
+        assert bridge.hub.sessions.get("s1") is None
         assert [m for m in a.received if m.get("method") == "session/close"]
 
 
@@ -451,7 +451,7 @@ async def test_an_answer_for_a_link_closed_by_overflow_is_held_for_whoever_takes
         await say(1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
         await say(2, "session/new", {"cwd": "/w", "mcpServers": []})
         await trio.testing.wait_all_tasks_blocked()
-        [session] = [s for s in bridge.sessions if s.client is stuck]
+        [session] = [s for s in bridge.hub.sessions if s.client is stuck]
         await say(3, "session/prompt", {"sessionId": session.bridge_id, "prompt": [
             {"type": "text", "text": "count 20"}
         ]})  # fmt: skip
@@ -495,8 +495,8 @@ async def test_an_agent_that_reuses_a_live_session_id_never_merges_two_clients_s
                 assert refused["error"]["code"] == -32603
                 assert "already open" in refused["error"]["message"]
                 assert "'dup'" in refused["error"]["message"]
-                assert len(bridge.sessions) == 1
-                session = bridge.sessions.get("dup")
+                assert len(bridge.hub.sessions) == 1
+                session = bridge.hub.sessions.get("dup")
                 assert session.client is not None
                 assert session.client.name == "stdio"  # alice
                 assert session.roots == ("/w",)
@@ -529,7 +529,7 @@ async def test_a_read_of_updates_larger_than_the_clients_queue_arrives_whole_and
         async with open_bridge({"a": a}, client_queue=4) as (client, bridge):
             s1 = await client.new_session()
             s2 = await client.new_session()
-            [link] = {s.client for s in bridge.sessions}
+            [link] = {s.client for s in bridge.hub.sessions}
             deepest = [0]
             order = [(s1 if i % 50 < 40 else s2, f"u{i}") for i in range(300)]
             chunk = b"".join(dumps(chunk_update(sid, text)) for sid, text in order)

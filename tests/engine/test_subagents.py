@@ -116,7 +116,7 @@ async def test_a_parent_spawns_a_child_and_gets_its_text_in_order():
                 "stopReason": "end_turn",
                 "text": "".join(f"b:c1:{i}" for i in range(4)),
             }
-            session = bridge.sessions.get(child)
+            session = bridge.hub.sessions.get(child)
             assert session is not None
             assert session.parent == parent
             assert session.roots == ("/w",)
@@ -149,7 +149,7 @@ async def test_a_token_of_one_session_is_refused_for_another_sessions_child():
                 assert "not yours" in error_text(result)
             # Its session closed, the first token is revoked: refused outright.
             await client.call("session/close", {"sessionId": first})
-            assert bridge.sessions.get(child) is None  # its child closed with it
+            assert bridge.hub.sessions.get(child) is None  # its child closed with it
             with pytest.raises(McpError, match="no longer"):
                 async with mcp_of(fakes["a"], 0):
                     pass

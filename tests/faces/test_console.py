@@ -303,7 +303,7 @@ async def test_unattended_deny_mode_denies_at_once_and_lists_nothing():
             await client.prompt(sid, "permission")
     assert "a:outcome:no" in client.updates(sid)
     assert bridge.approvals.desk.waiting() == []
-    assert bridge.audit.recent[-1].source == "unattended"
+    assert bridge.hub.audit.recent[-1].source == "unattended"
 
 
 async def test_a_console_wait_ends_in_a_deny_at_ask_timeout(autojump_clock):
@@ -313,7 +313,8 @@ async def test_a_console_wait_ends_in_a_deny_at_ask_timeout(autojump_clock):
     seen: list[Any] = []
     with trio.fail_after(100):  # (virtual seconds: past ask_timeout)
         async with open_bridge({"a": agent}, policy=policy) as (client, bridge):
-            bridge.approvals.desk.watch(lambda entry, settlement: seen.append(settlement))
+            changed = bridge.approvals.desk.changed
+            changed.subscribe(lambda entry, settlement: seen.append(settlement))
             sid = await client.new_session(_meta={"acp_bridge": {"agent": "a", "unattended": True}})
             start = trio.current_time()
             response = await client.prompt(sid, "permission")
@@ -322,7 +323,7 @@ async def test_a_console_wait_ends_in_a_deny_at_ask_timeout(autojump_clock):
     assert "a:outcome:no" in client.updates(sid)
     assert 30 <= waited < 31
     assert [s.source if s else None for s in seen] == [None, "timeout"]
-    assert bridge.audit.recent[-1].decision == "deny"
+    assert bridge.hub.audit.recent[-1].decision == "deny"
 
 
 async def test_a_request_of_a_dropped_client_is_answered_from_the_console():
@@ -334,7 +335,7 @@ async def test_a_request_of_a_dropped_client_is_answered_from_the_console():
             nursery.start_soon(first.prompt, sid, "permission")
             await first.agent_requests.receive()
             await first.disconnect()
-            while bridge.sessions.get(sid).client is not None:  # type: ignore[union-attr]
+            while bridge.hub.sessions.get(sid).client is not None:  # type: ignore[union-attr]
                 await trio.testing.wait_all_tasks_blocked()
             (entry,) = bridge.approvals.desk.waiting()
             status = await bridge.approvals.console_answer(entry.extra.console_id, "yes")
@@ -367,7 +368,7 @@ async def test_a_console_answer_must_name_an_offered_option():
             await client.wait_for(lambda m: m.get("result") == {"stopReason": "cancelled"})
     assert bad == "bad_option"
     assert bridge.approvals.desk.waiting() == []  # session/cancel settled the console's request
-    assert bridge.audit.recent[-1].source == "cancel"
+    assert bridge.hub.audit.recent[-1].source == "cancel"
 
 
 def test_serve_prints_the_console_login_link():

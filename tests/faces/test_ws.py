@@ -410,7 +410,7 @@ async def test_auth_matrix(target, extra, status):
                 assert response.headers["www-authenticate"].startswith("Bearer")
                 assert response.headers["connection"] == "close"
                 assert response.body.startswith(b"unauthorized")
-                assert not server.bridge.clients
+                assert not server.bridge.hub.clients
             else:
                 assert response.body == b""  # nothing before the client's initialize
                 assert re.fullmatch(r"[0-9a-f-]{36}", response.headers["acp-connection-id"])
@@ -480,7 +480,7 @@ async def test_origin_and_host_matrix(host, extra, status):
             assert response.status == status
             if status == 403:
                 assert response.body.startswith(b"forbidden")
-                assert not server.bridge.clients
+                assert not server.bridge.hub.clients
             else:
                 assert response.body == b""
             assert agent.received == []
@@ -516,7 +516,7 @@ async def test_other_requests_get_small_http_errors(request_bytes, status):
             assert response.status == status
             assert response.headers["connection"] == "close"
             assert len(response.body) < 100
-            assert not server.bridge.clients
+            assert not server.bridge.hub.clients
 
 
 # -- health ------------------------------------------------------------------------------------
@@ -529,7 +529,7 @@ async def test_healthz_is_200_with_agent_states_when_the_default_agent_is_ready(
             before = await http_exchange(server.port, get_request(server.port, "/healthz"))
             assert before.status == 503
             assert json.loads(before.body)["agents"]["a"]["state"] == "stopped"
-            await server.bridge.ensure_ready(server.bridge.agents["a"])
+            await server.bridge.supervisor.ensure_ready(server.bridge.hub.agents["a"])
             response = await http_exchange(server.port, get_request(server.port, "/healthz"))
             assert response.status == 200
             assert response.headers["content-type"] == "application/json"
@@ -545,7 +545,7 @@ async def test_healthz_is_503_when_the_default_agent_failed():
     with trio.fail_after(TIMEOUT):
         async with open_server({"a": FakeAgent("a", fail_initialize=True)}) as server:
             with pytest.raises(JsonRpcError):
-                await server.bridge.ensure_ready(server.bridge.agents["a"])
+                await server.bridge.supervisor.ensure_ready(server.bridge.hub.agents["a"])
             response = await http_exchange(server.port, get_request(server.port, "/healthz"))
             assert response.status == 503
             body = json.loads(response.body)
@@ -585,7 +585,7 @@ async def test_connection_cap_answers_503():
         ):
             response = await http_exchange(server.port, upgrade_request(server.port, extra=[AUTH]))
             assert response.status == 503
-            assert len(server.bridge.clients) == 1
+            assert len(server.bridge.hub.clients) == 1
             health = await http_exchange(server.port, get_request(server.port, "/healthz"))
             assert health.status == 200  # health is not a connection
 
@@ -702,7 +702,7 @@ async def test_protocol_errors_end_with_a_close_frame(frame, code):
                 assert close.reason.startswith("protocol error: ")
                 assert await client.next_event() is None
             await trio.testing.wait_all_tasks_blocked()
-            assert not server.bridge.clients
+            assert not server.bridge.hub.clients
 
 
 # -- time: keepalive, idle, a client that stops reading (memory streams, autojump clock) ------
@@ -802,7 +802,7 @@ async def test_pongs_keep_a_connection_alive_until_the_idle_timeout(autojump_clo
         assert trio.current_time() == start + 100
         assert closed.value.reason is not None
         assert (closed.value.reason.code, closed.value.reason.reason) == (1000, "idle")
-        assert not bridge.clients
+        assert not bridge.hub.clients
 
 
 async def test_a_client_that_stops_reading_is_cut_off_and_its_link_closed(autojump_clock):
@@ -826,7 +826,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_its_link_closed(autoju
         client = RawClient(client_side)
         await client.handshake()
         await client.call(1, "initialize", {"protocolVersion": 1})
-        (link,) = bridge.clients
+        (link,) = bridge.hub.clients
         sid = (await client.call(2, "session/new", NEW_SESSION))["result"]["sessionId"]
         prompt = {"sessionId": sid, "prompt": [{"type": "text", "text": "count 100"}]}
         await client.write(
@@ -842,7 +842,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_its_link_closed(autoju
         assert link.closed
         assert link.close_reason is not None
         assert "queue full" in link.close_reason
-        assert not bridge.clients
+        assert not bridge.hub.clients
         while await client.next_event() is not None:
             pass  # whatever was already in flight, then EOF, and no close frame could come
         assert client.eof
@@ -912,7 +912,7 @@ async def test_half_heads_do_not_hold_the_connection_cap_and_are_closed_at_the_d
             await trio.testing.wait_all_tasks_blocked()
             assert face.statistics().handshakes == cap
             peers = [await open_ws_peer(face, nursery) for _ in range(cap)]
-            assert len(bridge.clients) == cap
+            assert len(bridge.hub.clients) == cap
             assert trio.current_time() == start  # no one waited for a handshake place
             late = open_stream(face, nursery)
             await late.send_all(upgrade_request(MEMORY_PORT, extra=[AUTH]))
@@ -955,7 +955,7 @@ async def test_a_full_handshake_table_gives_the_oldest_place_away_or_answers_503
             assert await first.receive_some(1024) == b""
             assert trio.current_time() == start + HANDSHAKE_EVICT_AGE
             assert face.statistics().handshakes == 1  # the second one, still waiting
-            assert len(bridge.clients) == 1
+            assert len(bridge.hub.clients) == 1
             assert (await peer.request("session/new", NEW_SESSION))["result"]["sessionId"]
 
 

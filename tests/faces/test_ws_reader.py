@@ -143,7 +143,7 @@ async def test_a_message_over_the_cap_is_refused_from_its_header(announced, auto
         assert trio.current_time() == start
         assert await client.next_event() is None
         await trio.testing.wait_all_tasks_blocked()
-        assert not bridge.clients
+        assert not bridge.hub.clients
 
 
 async def test_the_idle_timeout_counts_from_the_last_message(autojump_clock):
@@ -171,4 +171,4 @@ async def test_the_idle_timeout_counts_from_the_last_message(autojump_clock):
         assert trio.current_time() == last + 100
         assert closed.value.reason is not None
         assert (closed.value.reason.code, closed.value.reason.reason) == (1000, "idle")
-        assert not bridge.clients
+        assert not bridge.hub.clients

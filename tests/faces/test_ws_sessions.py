@@ -112,7 +112,7 @@ async def test_another_connection_cannot_close_or_delete_a_session_it_does_not_o
                 refused = await other.request(method, {"sessionId": sid})
                 assert refused["error"]["code"] == -32002
                 assert "attached elsewhere" in refused["error"]["message"]
-            assert server.bridge.sessions.get(sid) is not None
+            assert server.bridge.hub.sessions.get(sid) is not None
             prompt = {"sessionId": sid, "prompt": [{"type": "text", "text": "count 1"}]}
             reply = await owner.request("session/prompt", prompt)
             assert reply["result"]["stopReason"] == "end_turn"

@@ -140,12 +140,12 @@ def assert_nothing_pending(bridge: Bridge) -> None:
     status = bridge.status()
     assert [a["pendingRequests"] for a in status["agents"]] == [0] * len(status["agents"])
     assert all(c["pendingRequests"] == 0 for c in status["connections"]), status
-    for client in bridge.clients:
+    for client in bridge.hub.clients:
         assert len(client.pending) == 0, client.name
         assert not client.inflight, client.name
-    for agent in bridge.agents.values():
+    for agent in bridge.hub.agents.values():
         assert not agent.inflight, agent.name
-    for session in bridge.sessions:
+    for session in bridge.hub.sessions:
         assert session.state is not SessionState.LOADING, session.bridge_id
         assert not session.pending_permissions, session.bridge_id
         assert not session.parked, session.bridge_id
@@ -391,7 +391,7 @@ async def test_sigkill_of_a_real_agent_at_random_points_answers_within_250_ms():
                 await wait_updates(client, sids[0], rng.randint(1, 5000))
                 await client.wait_for(lambda m: m.get("method") == "session/request_permission")
                 await client.wait_for(lambda m: update_text(m) == "waiting")
-                pid = bridge.agents["f"].pid
+                pid = bridge.hub.agents["f"].pid
                 assert pid is not None
                 start = len(log)
                 killed_at = trio.current_time()
@@ -447,8 +447,8 @@ async def test_100_in_process_crash_restart_cycles_leave_no_task_behind():
                 if baseline is None:
                     baseline = living_tasks()
                 assert_nothing_pending(bridge)
-                assert bridge.agents["v"].state is AgentState.DEAD, cycle
-            assert bridge.agents["v"].starts == CYCLES
+                assert bridge.hub.agents["v"].state is AgentState.DEAD, cycle
+            assert bridge.hub.agents["v"].starts == CYCLES
             assert living_tasks() == baseline
     print(f"\n{CYCLES} in-process crash/restart cycles: {baseline} trio tasks before and after")
 
@@ -460,7 +460,7 @@ async def test_100_real_crash_restart_cycles_leave_no_descriptor_or_task_behind(
     pids = []
     with trio.fail_after(60):
         async with open_real_bridge(("f", []), **RESTART_AT_ONCE) as (client, bridge):
-            agent = bridge.agents["f"]
+            agent = bridge.hub.agents["f"]
             baseline: tuple[int, int] | None = None
             rss_first = 0
             for cycle in range(REAL_CYCLES):
@@ -521,7 +521,7 @@ async def test_crash_loop_backoff_is_exact_on_a_mock_clock(autojump_clock, limit
         client,
         bridge,
     ):
-        config = bridge.config.bridge
+        config = bridge.hub.config.bridge
         deaths = []
         for _ in range(config.crash_loop_limit):
             sid = await client.new_session("v")
@@ -606,7 +606,7 @@ async def test_stopping_an_agent_that_ignores_eof_and_sigterm_kills_its_group(tm
     with trio.fail_after(30):
         async with open_real_bridge(("f", args), stop_grace=grace) as (_, bridge):
             family = read_pids(pidfile)
-            assert family[0] == bridge.agents["f"].pid
+            assert family[0] == bridge.hub.agents["f"].pid
             assert all(alive(pid) for pid in family)
             stopping = time.monotonic()
         elapsed = time.monotonic() - stopping
@@ -652,10 +652,10 @@ async def test_process_faults_of_a_real_agent():
             load = {**NEW, "sessionId": "die-1"}
             reply = await client.request("session/load", load)
             assert reply["error"]["data"]["exitStatus"] == 5
-            assert bridge.sessions.get("die-1") is None
+            assert bridge.hub.sessions.get("die-1") is None
             reply = await client.request("session/load", {**NEW, "sessionId": "ok-1"})
             assert reply["result"] == {}
-            assert bridge.sessions.get("ok-1").state is SessionState.ACTIVE
+            assert bridge.hub.sessions.get("ok-1").state is SessionState.ACTIVE
 
             # Lines that are not JSON: a diagnostic for the client, and the turn goes on.
             sid = await client.new_session()
@@ -752,7 +752,7 @@ async def test_a_stalled_agent_blocks_nobody_and_its_queue_is_answered_when_it_d
                 )
                 assert reply["result"] == {}
             killed_at = trio.current_time()
-            os.kill(bridge.agents["f"].pid, signal.SIGKILL)
+            os.kill(bridge.hub.agents["f"].pid, signal.SIGKILL)
             for req_id in ids:
                 await response_to(client, req_id)
             last = max(t for t, m in zip(log.times, log, strict=True) if m.get("id") in set(ids))
@@ -804,7 +804,7 @@ async def test_a_failed_load_of_an_unknown_session_leaves_no_session_behind():
                     reply = await client.request("session/load", load)
                     assert "error" in reply, reply
             await trio.testing.wait_all_tasks_blocked()
-            assert len(bridge.sessions) == 0, [s.bridge_id for s in bridge.sessions][:5]
+            assert len(bridge.hub.sessions) == 0, [s.bridge_id for s in bridge.hub.sessions][:5]
             assert bridge.status()["sessions"] == []
             assert_nothing_pending(bridge)
 
@@ -828,7 +828,9 @@ async def test_a_restarted_agent_reusing_a_session_id_gets_a_new_session_not_the
                 bob = await connect(bridge, nursery, name="bob")
                 new = await bob.new_session("v")
                 assert new != old
-                assert bridge.sessions.get(new).agent_id == bridge.sessions.get(old).agent_id
+                assert (
+                    bridge.hub.sessions.get(new).agent_id == bridge.hub.sessions.get(old).agent_id
+                )
                 load = await bob.request("session/load", {**NEW, "sessionId": new})
                 assert "result" in load
                 assert bob.updates(new) == []  # nothing of the old conversation
@@ -840,8 +842,8 @@ async def test_a_restarted_agent_reusing_a_session_id_gets_a_new_session_not_the
                 assert reply["result"]["stopReason"] == "end_turn"
                 assert bob.updates(new) == ["v:s1:0"]
                 assert (await alice.request("session/close", {"sessionId": old}))["result"] == {}
-                assert bridge.sessions.get(old) is None
-                assert bridge.sessions.get(new).state is SessionState.ACTIVE
+                assert bridge.hub.sessions.get(old) is None
+                assert bridge.hub.sessions.get(new).state is SessionState.ACTIVE
                 nursery.cancel_scope.cancel()
 
 
@@ -863,8 +865,8 @@ async def test_after_a_restart_a_new_session_does_not_capture_a_stored_one(tmp_p
             new = await client.new_session()
             assert new == old == "s1"
             moved = "s1~a"
-            assert bridge.sessions.get(moved).state is SessionState.STORED
-            assert bridge.sessions.get(new).state is SessionState.ACTIVE
+            assert bridge.hub.sessions.get(moved).state is SessionState.STORED
+            assert bridge.hub.sessions.get(new).state is SessionState.ACTIVE
             await client.prompt(new, "count 1")
             refused = await client.request("session/load", {**NEW, "sessionId": moved})
             assert refused["error"]["code"] == -32002
@@ -906,13 +908,13 @@ async def test_a_connection_closing_after_the_bridge_stopped_detaches_without_a_
             await nursery.start(run_bridge)
             client = await connect(bridge, nursery)
             sid = await client.new_session()
-            assert bridge.sessions.get(sid) is not None
+            assert bridge.hub.sessions.get(sid) is not None
             bridge_scope.cancel()
             await bridge_done.wait()
             await client.disconnect()
             await trio.testing.wait_all_tasks_blocked()
-            assert not bridge.clients
-            assert bridge.sessions.get(sid) is None  # expired, not left behind
+            assert not bridge.hub.clients
+            assert bridge.hub.sessions.get(sid) is None  # expired, not left behind
             nursery.cancel_scope.cancel()
 
 
@@ -1009,7 +1011,7 @@ async def test_an_answer_to_an_agent_whose_queue_is_full_is_delivered_when_it_re
             assert "not accepting input" in refused[0]["error"]["message"]
             await client.send({"jsonrpc": "2.0", "id": asked["id"], "result": ALLOW})
             await trio.testing.wait_all_tasks_blocked()
-            assert bridge.agents["a"].state is AgentState.READY  # waiting, not failed
+            assert bridge.hub.agents["a"].state is AgentState.READY  # waiting, not failed
             agent.resume()
             reply = await response_to(client, prompt_id)
             assert reply["result"]["stopReason"] == "end_turn"
@@ -1062,7 +1064,7 @@ async def test_an_agent_that_stops_reading_past_the_answers_reserve_is_stopped_a
             assert (await client.prompt(other, "count 2"))["result"]["stopReason"] == "end_turn"
             await trio.testing.wait_all_tasks_blocked()
             assert_nothing_pending(bridge)
-            assert bridge.agents["a"].state is AgentState.DEAD
+            assert bridge.hub.agents["a"].state is AgentState.DEAD
             agent.resume()
             again = await client.new_session("a")
             assert (await client.prompt(again, "count 1"))["result"]["stopReason"] == "end_turn"

@@ -675,12 +675,12 @@ async def test_a_request_the_agent_withdrew_is_answered_even_if_the_client_never
             read, allow = answers()
             assert [m.get("error", {}).get("code") for m in read] == [-32800], read
             assert [m.get("result") for m in allow] == [{"outcome": {"outcome": "cancelled"}}]
-            assert not bridge.agents["a"].inflight
+            assert not bridge.hub.agents["a"].inflight
             for shown_id in shown_ids:  # late: dropped
                 await client.send({"jsonrpc": "2.0", "id": shown_id, "result": {}})
             await trio.testing.wait_all_tasks_blocked()
             assert answers() == (read, allow)
-            decisions = [(r.decision, r.source) for r in bridge.audit.recent]
+            decisions = [(r.decision, r.source) for r in bridge.hub.audit.recent]
             assert decisions == [("cancelled", "agent_cancel"), ("refused", "late_answer")]
             answer = await client.prompt(sid, "count 1")
             assert answer["result"] == {"stopReason": "end_turn"}
@@ -704,7 +704,7 @@ async def test_a_parked_request_the_agent_withdrew_is_answered_and_not_shown_aga
                 await client.agent_requests.receive()
             await client.disconnect()
             await trio.testing.wait_all_tasks_blocked()
-            [session] = bridge.sessions
+            [session] = bridge.hub.sessions
             assert len(session.parked) == 2
             for agent_id in asks:
                 cancel = {"requestId": agent_id}
@@ -745,7 +745,7 @@ async def test_an_agent_reusing_the_id_of_a_parked_request_is_refused():
             await client.agent_requests.receive()
             await client.disconnect()
             await trio.testing.wait_all_tasks_blocked()
-            [session] = bridge.sessions
+            [session] = bridge.hub.sessions
             assert len(session.parked) == 1
             await agent.write(ask)  # the same id again, while the first is parked
             await trio.testing.wait_all_tasks_blocked()
@@ -762,7 +762,7 @@ async def test_an_agent_reusing_the_id_of_a_parked_request_is_refused():
                 (True, None),
                 (False, {"content": "x"}),
             ]
-            assert not bridge.agents["a"].inflight
+            assert not bridge.hub.agents["a"].inflight
             nursery.cancel_scope.cancel()
 
 

@@ -163,7 +163,7 @@ class RawPeer:
 
 
 def new_link(bridge: Bridge, before: set[ClientLink]) -> ClientLink:
-    (link,) = bridge.clients - before
+    (link,) = bridge.hub.clients - before
     return link
 
 
@@ -188,15 +188,15 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
         # two timers race if they were equal.
         async with open_daemon(bridge=limits, ping_interval=0, ping_timeout=3) as daemon:
             bridge = daemon.bridge
-            config = bridge.config.bridge
+            config = bridge.hub.config.bridge
             rss_before = rss_kib(os.getpid())
             async with await RawPeer.connect(daemon.port, receive_buffer=4096) as slow:
-                before = set(bridge.clients)
+                before = set(bridge.hub.clients)
                 await slow.handshake()
                 await slow.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
                 link = new_link(bridge, before)
                 sid = (await slow.call("session/new", NEW))["result"]["sessionId"]
-                session = bridge.sessions.get(sid)
+                session = bridge.hub.sessions.get(sid)
                 assert session is not None
                 async with open_peer(daemon.port) as other:
                     on_g = {**NEW, "_meta": {"acp_bridge": {"agent": "g"}}}
@@ -239,7 +239,7 @@ async def test_a_client_that_stops_reading_while_100k_updates_stream():
                             await other.request(
                                 "session/set_mode", {"sessionId": mine, "modeId": "a"}
                             )
-                    assert link not in bridge.clients
+                    assert link not in bridge.hub.clients
             # Another connection takes the session back: the prompt's answer, then a load
             # that says what was trimmed.
             async with open_peer(daemon.port) as back:
@@ -291,16 +291,16 @@ async def _relayed_between_rounds(agents: int, lines: int) -> list[int]:
             chunks = []
             for name, agent in fakes.items():
                 sid = await client.new_session(agent=name)
-                agent_sid = bridge.sessions.get(sid).agent_id  # (what the agent calls it)
+                agent_sid = bridge.hub.sessions.get(sid).agent_id  # (what the agent calls it)
                 chunks.append((agent, _updates_chunk(agent_sid, lines)))
             await client.disconnect()
             await trio.testing.wait_all_tasks_blocked()
-            base = bridge.counters["from_agent"]
+            base = bridge.hub.counters["from_agent"]
 
             async def observe() -> None:
                 while seen[-1] < agents * lines:
                     await trio.lowlevel.checkpoint()
-                    seen.append(bridge.counters["from_agent"] - base)
+                    seen.append(bridge.hub.counters["from_agent"] - base)
 
             nursery.start_soon(observe)  # (noting from before the first write)
             for agent, chunk in chunks:
@@ -446,7 +446,7 @@ async def test_a_ping_flood_that_reads_no_pong_is_dropped_at_ping_timeout():
             bridge = daemon.bridge
             rss_before = rss_kib(os.getpid())
             async with await RawPeer.connect(daemon.port, receive_buffer=4096) as flooder:
-                before = set(bridge.clients)
+                before = set(bridge.hub.clients)
                 await flooder.handshake()
                 await flooder.call("initialize", {"protocolVersion": 1})
                 link = new_link(bridge, before)
@@ -481,7 +481,7 @@ async def test_connection_floods_are_capped_and_the_daemon_serves_after():
             async with contextlib.AsyncExitStack() as stack:
                 for _ in range(cap):
                     await stack.enter_async_context(open_peer(port))
-                links = set(daemon.bridge.clients)
+                links = set(daemon.bridge.hub.clients)
                 assert len(links) == cap
                 for _ in range(5):
                     response = await http_exchange(port, upgrade_request(port, extra=[AUTH]))

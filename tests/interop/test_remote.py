@@ -640,7 +640,7 @@ async def test_a_dropped_connection_answers_the_prompt_and_the_next_session_reco
             await client.initialize()  # starts the default agent: login, then initialize
             first_start = time.monotonic() - first
             sid = await client.new_session()
-            far = bridge.agents["far"]
+            far = bridge.hub.agents["far"]
             answer: dict[str, Any] = {}
 
             async def prompt() -> None:
@@ -738,7 +738,7 @@ async def test_an_ssh_that_cannot_connect_is_a_start_error_naming_the_host(sshd,
             again = await client.request(
                 "initialize", {"protocolVersion": 1, "clientCapabilities": {}}
             )
-            state = bridge.agents["far"].state
+            state = bridge.hub.agents["far"].state
     assert elapsed < config.agents["far"].start_timeout
     error = response["error"]
     assert f"ssh could not reach {sshd.user}@127.0.0.1:{ssh.port}: " in error["message"]

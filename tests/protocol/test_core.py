@@ -373,9 +373,10 @@ def test_removed_sessions_free_their_ids():
 
 def test_a_kept_sessions_id_goes_to_a_new_session_and_the_kept_one_moves_aside():
     """Kept (only the store has it): a new session or a bound one takes the id, the kept one
-    moves to a free ``~agent[~N]`` id (told through on_move); no id is ever handed out twice."""
+    moves to a free ``~agent[~N]`` id (published on moved); no id is ever handed out twice."""
     moves: list[tuple[str, str]] = []
-    table = SessionTable(on_move=lambda old, new: moves.append((old, new)))
+    table = SessionTable()
+    table.moved.subscribe(lambda old, new: moves.append((old, new)))
     table.keep("s1", "a", "s1")
     table.keep("s1~a", "a", "s1")
     assert table.register("a", "s1").bridge_id == "s1"

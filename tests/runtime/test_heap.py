@@ -109,8 +109,8 @@ async def test_the_daemon_runs_the_trimmer_on_its_own_traffic(monkeypatch):
         await trio.testing.wait_all_tasks_blocked()
         [activity] = started
         before = activity()
-        bridge.counters["from_agent"] += 3
-        bridge.counters["to_client"] += 2
+        bridge.hub.counters["from_agent"] += 3
+        bridge.hub.counters["to_client"] += 2
         assert activity() == before + 5
 
     launcher = make_in_process_launcher({"a": FakeAgent("a")})

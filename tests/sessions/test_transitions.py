@@ -254,7 +254,8 @@ def test_a_stored_row_comes_back_as_stored_with_its_setup():
 )
 def test_a_closed_or_orphan_row_is_not_loaded_but_keeps_its_id(state, agent):
     moves: list[tuple[str, str]] = []
-    table = SessionTable(on_move=lambda old, new: moves.append((old, new)))
+    table = SessionTable()
+    table.moved.subscribe(lambda old, new: moves.append((old, new)))
     row = SessionRow(bridge_id="s1", agent=agent, agent_id="s1", state=state)
     assert transitions.restore_row(table, row, {"a"}) is None
     assert table.get("s1") is None

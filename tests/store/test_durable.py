@@ -338,12 +338,12 @@ async def test_restart_restores_through_an_agent_that_can_load_and_numbering_con
         assert texts(client.received, sid) == ["a:s1:replay"]  # the agent's own replay
         reply = await client.prompt(sid, "count 2")
         assert reply["result"]["stopReason"] == "end_turn"
-        now = bridge.sessions.get(sid).history.last_seq
+        now = bridge.hub.sessions.get(sid).history.last_seq
         assert now > last
         # The journal goes on from where it stopped: no gap, every number once.
-        await bridge.journal.wait_committed()
-        assert bridge.journal.gaps == set()
-        stored = await trio.to_thread.run_sync(bridge.journal.store.journal, sid)
+        await bridge.hub.journal.wait_committed()
+        assert bridge.hub.journal.gaps == set()
+        stored = await trio.to_thread.run_sync(bridge.hub.journal.store.journal, sid)
         assert [e.seq for e in stored] == list(range(1, now + 1))
 
 
@@ -354,14 +354,14 @@ async def test_the_journal_keeps_what_a_small_history_trims_before_the_commit(tm
     async with durable_bridge(db, {"a": FakeAgent("a")}, history_limit=5) as (client, bridge, _):
         sid = await client.new_session()
         await client.prompt(sid, "count 200")
-        await bridge.journal.wait_committed()
-        last = bridge.sessions.get(sid).history.last_seq
-        assert len(bridge.sessions.get(sid).history) == 5
-        stored = await trio.to_thread.run_sync(bridge.journal.store.journal, sid)
+        await bridge.hub.journal.wait_committed()
+        last = bridge.hub.sessions.get(sid).history.last_seq
+        assert len(bridge.hub.sessions.get(sid).history) == 5
+        stored = await trio.to_thread.run_sync(bridge.hub.journal.store.journal, sid)
         assert [e.seq for e in stored] == list(range(1, last + 1))
         stored_texts = texts([json.loads(e.data) for e in stored], sid)
         assert stored_texts[-200:] == [f"a:s1:{i}" for i in range(200)]
-        assert bridge.journal.gaps == set()
+        assert bridge.hub.journal.gaps == set()
 
 
 async def test_an_agent_without_load_gets_the_journal_replay(tmp_path):
@@ -387,7 +387,7 @@ async def test_a_pending_approval_at_stop_is_settled_by_the_unattended_rule_afte
         nursery.start_soon(client.prompt, sid, "permission")
         await client.agent_requests.receive()
     async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
-        restarted = [r for r in bridge.audit.recent if r.source == "restart"]
+        restarted = [r for r in bridge.hub.audit.recent if r.source == "restart"]
         assert len(restarted) == 1
         assert restarted[0].decision == "deny"
         assert restarted[0].session == sid
@@ -415,7 +415,7 @@ async def test_a_load_only_the_journal_can_serve_is_refused_unless_asked_for(tmp
             assert "could not load it" in refused["error"]["message"]
             assert "could not load it" in refused["error"]["data"]["reason"]
         assert texts(client.received[before:], sid) == []
-        assert bridge.sessions.get(sid).state is SessionState.STORED
+        assert bridge.hub.sessions.get(sid).state is SessionState.STORED
         assert (await client.prompt(sid, "count 1"))["error"]["code"] == -32002
         new = await client.new_session()
         assert new == sid == "s1"  # (the stored one moved aside: it was not live)
@@ -446,7 +446,7 @@ async def test_after_restarts_new_sessions_keep_the_agents_ids_and_stored_ones_m
     db = tmp_path / "bridge.db"
     for run in range(3):
         async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
-            assert {s.state for s in bridge.sessions} <= {SessionState.STORED}
+            assert {s.state for s in bridge.hub.sessions} <= {SessionState.STORED}
             assert [await client.new_session(), await client.new_session()] == ["s1", "s2"]
             await client.prompt("s1", f"count {run + 1}")
     async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
@@ -538,8 +538,8 @@ async def test_close_frees_and_delete_removes_the_journal(tmp_path):
         await client.prompt(first, "count 2")
         await client.call("session/close", {"sessionId": first})
         await client.call("session/delete", {"sessionId": second})
-        await bridge.journal.wait_committed()
-        store = bridge.journal.store
+        await bridge.hub.journal.wait_committed()
+        store = bridge.hub.journal.store
         rows = {r.bridge_id: r.state for r in store.sessions()}
         assert rows == {first: "closed"}
         assert store.journal_bounds(first) == (1, 3)
@@ -563,8 +563,8 @@ async def test_a_closed_session_keeps_its_row_and_journal_when_a_new_run_reuses_
     async with durable_bridge(db, {"a": FakeAgent("a")}) as (client, bridge, _n):
         assert await client.new_session() == "s1"
         await client.prompt("s1", "count 3")
-        await bridge.journal.wait_committed()
-        store = bridge.journal.store
+        await bridge.hub.journal.wait_committed()
+        store = bridge.hub.journal.store
         rows = {r.bridge_id: r for r in store.sessions()}
         assert {i: (r.agent_id, r.state) for i, r in rows.items()} == {
             "s1~a": ("s1", "closed"),
@@ -592,8 +592,8 @@ async def test_a_session_closed_in_this_run_keeps_its_journal_when_a_restarted_a
         assert await client.new_session() == "s1"
         assert a.starts == 2
         await client.prompt("s1", "count 3")
-        await bridge.journal.wait_committed()
-        store = bridge.journal.store
+        await bridge.hub.journal.wait_committed()
+        store = bridge.hub.journal.store
         rows = {r.bridge_id: (r.agent_id, r.state) for r in store.sessions()}
         assert rows["s1~a"] == ("s1", "closed")
         assert rows["s1"] == ("s1", "active")
@@ -615,8 +615,8 @@ async def test_a_closed_sessions_id_is_not_given_to_a_second_agent_either(tmp_pa
         second = await client.new_session("b")
         assert second not in ("s1", "s1~b")
         await client.prompt(second, "count 1")
-        await bridge.journal.wait_committed()
-        store = bridge.journal.store
+        await bridge.hub.journal.wait_committed()
+        store = bridge.hub.journal.store
         states = {r.bridge_id: (r.agent, r.state) for r in store.sessions()}
         assert states["s1~b"] == ("b", "closed")
         assert states[second] == ("b", "active")
@@ -910,8 +910,8 @@ async def test_only_the_owner_acts_on_a_session(tmp_path):
     async with durable_bridge(tmp_path / "bridge.db", {"a": agent}) as (owner, bridge, nursery):
         sid = await owner.new_session()
         await owner.prompt(sid, "count 2")
-        await bridge.journal.wait_committed()
-        bounds = bridge.journal.store.journal_bounds(sid)
+        await bridge.hub.journal.wait_committed()
+        bounds = bridge.hub.journal.store.journal_bounds(sid)
         other = await connect(bridge, nursery, name="other")
         asks = {
             "session/close": {"sessionId": sid},
@@ -932,10 +932,12 @@ async def test_only_the_owner_acts_on_a_session(tmp_path):
         assert "session/cancel" not in sent
         assert not [m for m in sent if m and m.startswith("_vendor")]
         assert sent.count("session/prompt") == 1  # the owner's only
-        await bridge.journal.wait_committed()
-        assert bridge.sessions.get(sid).client is not None
-        assert {r.bridge_id: r.state for r in bridge.journal.store.sessions()} == {sid: "active"}
-        assert bridge.journal.store.journal_bounds(sid) == bounds
+        await bridge.hub.journal.wait_committed()
+        assert bridge.hub.sessions.get(sid).client is not None
+        assert {r.bridge_id: r.state for r in bridge.hub.journal.store.sessions()} == {
+            sid: "active"
+        }
+        assert bridge.hub.journal.store.journal_bounds(sid) == bounds
         assert (await owner.prompt(sid, "count 1"))["result"]["stopReason"] == "end_turn"
         assert not [m for m in owner.received if m.get("method") == "_acp_bridge/log"]
 
@@ -945,9 +947,9 @@ async def test_only_the_owner_acts_on_a_session(tmp_path):
         refused = await owner.request("session/delete", {"sessionId": sid})
         assert refused["error"]["code"] == -32002
         await other.call("session/delete", {"sessionId": sid})
-        await bridge.journal.wait_committed()
-        assert bridge.sessions.get(sid) is None
-        assert list(bridge.journal.store.sessions()) == []
+        await bridge.hub.journal.wait_committed()
+        assert bridge.hub.sessions.get(sid) is None
+        assert list(bridge.hub.journal.store.sessions()) == []
 
 
 class _HistoryModel:

@@ -728,8 +728,8 @@ class Stage:
     def assert_idle(self, *, connected: bool = False) -> None:
         """Nothing left pending anywhere (once the example's waits were ended)."""
         bridge = self.bridge
-        assert connected or not bridge.clients, bridge.clients
-        for agent in bridge.agents.values():
+        assert connected or not bridge.hub.clients, bridge.hub.clients
+        for agent in bridge.hub.agents.values():
             assert not agent.inflight, (agent.name, agent.inflight)
             assert not len(agent.pending), (agent.name, agent.pending.find(lambda e: True))
 
@@ -934,7 +934,7 @@ class Rig:
     async def quiesce(self) -> None:
         """End what waits on purpose (cancel its sessions, release waiting prompts)."""
         await self.settle()
-        for session in self.bridge.sessions:
+        for session in self.bridge.hub.sessions:
             if session.client is not None:
                 cancel = {
                     "jsonrpc": "2.0",
@@ -970,7 +970,7 @@ class Rig:
         agent = self.agents[name]
 
         def own() -> Any:
-            session = self.bridge.sessions.get(self.sids.get(name, ""))
+            session = self.bridge.hub.sessions.get(self.sids.get(name, ""))
             return session.agent_id if session is not None else "s0"
 
         def latest() -> Any:
@@ -1092,10 +1092,10 @@ async def open_sessions(rig: Rig) -> None:
 
 def alive(rig: Rig, sid: str | None) -> bool:
     """A session this connection owns and its agent runs."""
-    session = rig.bridge.sessions.get(sid) if sid is not None else None
+    session = rig.bridge.hub.sessions.get(sid) if sid is not None else None
     if session is None or session.state is not SessionState.ACTIVE:
         return False
-    agent = rig.bridge.agents[session.agent]
+    agent = rig.bridge.hub.agents[session.agent]
     return (
         session.client is not None and not session.client.closed and agent.state is AgentState.READY
     )

@@ -44,6 +44,8 @@ from acp_bridge.protocol.wire import bridge_meta, id_of, is_id
 from acp_bridge.sessions.table import Setup, roots_of
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from acp_bridge.engine.approvals import Approvals
     from acp_bridge.engine.cancel import Cancel
     from acp_bridge.engine.hub import Hub
@@ -238,21 +240,36 @@ class FromClient:
 
     async def _session_new(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``session/new`` to the selected (or default) agent, started first if need be."""
+        agent = self._selected_agent(params)
+        await self._when_ready(
+            client,
+            msg,
+            agent,
+            functools.partial(self._forward_session_new, client, msg, params, agent),
+        )
+
+    def _selected_agent(self, params: JsonObject) -> AgentLink:
+        """The agent ``params`` name in ``_meta.acp_bridge.agent``, else the default one."""
         name = agent_selector(params) or self._hub.default_agent
         agent = self._agents.get(name)
         if agent is None:
             raise JsonRpcError.invalid_params(
                 f"unknown agent {name!r}; configured: {', '.join(self._agents)}"
             )
+        return agent
+
+    async def _when_ready(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        agent: AgentLink,
+        then: Callable[[], Awaitable[None]],
+    ) -> None:
+        """``then`` now if the agent is up, else once it is (its failure answers ``msg``)."""
         if agent.state is AgentState.READY:
-            await self._forward_session_new(client, msg, params, agent)
+            await then()
         else:
-            self._supervisor.when_ready(
-                client,
-                msg["id"],
-                agent,
-                functools.partial(self._forward_session_new, client, msg, params, agent),
-            )
+            self._supervisor.when_ready(client, msg["id"], agent, then)
 
     async def _forward_session_new(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
@@ -286,21 +303,13 @@ class FromClient:
         self, client: ClientLink, msg: JsonObject, params: JsonObject
     ) -> None:
         """``logout``, ``auth/status``, ``providers/*``: to the named (or default) agent."""
-        name = agent_selector(params) or self._hub.default_agent
-        agent = self._agents.get(name)
-        if agent is None:
-            raise JsonRpcError.invalid_params(
-                f"unknown agent {name!r}; configured: {', '.join(self._agents)}"
-            )
-        if agent.state is AgentState.READY:
-            await self._forward_connection_request(client, msg, agent)
-        else:
-            self._supervisor.when_ready(
-                client,
-                msg["id"],
-                agent,
-                functools.partial(self._forward_connection_request, client, msg, agent),
-            )
+        agent = self._selected_agent(params)
+        await self._when_ready(
+            client,
+            msg,
+            agent,
+            functools.partial(self._forward_connection_request, client, msg, agent),
+        )
 
     async def _forward_connection_request(
         self, client: ClientLink, msg: JsonObject, agent: AgentLink

@@ -44,8 +44,6 @@ class Restore:
         self, hub: Hub, supervisor: Supervisor, reattach: Reattach, subagents: Subagents
     ) -> None:
         self._hub = hub
-        self._agents = hub.agents
-        self._sessions = hub.sessions
         self._supervisor = supervisor
         self._reattach = reattach
         self._subagents = subagents
@@ -61,7 +59,7 @@ class Restore:
         store = journal.store
         rows = await trio.to_thread.run_sync(store.sessions)
         for row in rows:
-            session = transitions.restore_row(self._sessions, row, self._agents)
+            session = transitions.restore_row(self._hub.sessions, row, self._hub.agents)
             if session is None:
                 continue
             _, last = await trio.to_thread.run_sync(store.journal_bounds, row.bridge_id)
@@ -79,7 +77,7 @@ class Restore:
             )
             journal.pending_removed(key)
         if rows or leftovers:
-            self._hub.log.info("restored", sessions=len(self._sessions), settled=len(leftovers))
+            self._hub.log.info("restored", sessions=len(self._hub.sessions), settled=len(leftovers))
 
     async def stored_request(
         self,
@@ -93,10 +91,7 @@ class Restore:
         method: str = msg["method"]
         if method == "session/load":
             self._hub.spawn(self._restore_session, client, msg, params, session, agent)
-        elif method in ("session/close", "session/delete"):
-            self._reattach.close_session(session, delete=method == "session/delete")
-            await client.send(dumps(rpc.result(msg["id"], {})))
-        else:
+        elif not await self._closed(client, msg, session):
             why = self._hub.unrestorable.get(session.bridge_id)
             raise JsonRpcError.resource_not_found(
                 f"session {session.bridge_id!r} cannot continue: {why}"
@@ -107,14 +102,20 @@ class Restore:
 
     async def reused_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
         """An ended session whose agent id went to a new session: it can only be closed."""
-        if msg["method"] in ("session/close", "session/delete"):
-            self._reattach.close_session(session, delete=msg["method"] == "session/delete")
-            await client.send(dumps(rpc.result(msg["id"], {})))
-            return
-        raise JsonRpcError.resource_not_found(
-            f"session {session.bridge_id!r} ended: agent {session.agent!r} restarted and gave "
-            "its id to a new session"
-        )
+        if not await self._closed(client, msg, session):
+            raise JsonRpcError.resource_not_found(
+                f"session {session.bridge_id!r} ended: agent {session.agent!r} restarted and "
+                "gave its id to a new session"
+            )
+
+    async def _closed(self, client: ClientLink, msg: JsonObject, session: Session) -> bool:
+        """``session/close`` or ``delete`` of a session that cannot go on: done and answered."""
+        method: str = msg["method"]
+        if method not in ("session/close", "session/delete"):
+            return False
+        self._reattach.close_session(session, delete=method == "session/delete")
+        await client.send(dumps(rpc.result(msg["id"], {})))
+        return True
 
     async def _restore_session(
         self,
@@ -135,7 +136,7 @@ class Restore:
         reason = f"agent {agent.name!r} does not support session/load"
         try:
             await self._supervisor.ensure_ready(agent)
-            if not self._sessions.owns_agent_id(session):
+            if not self._hub.sessions.owns_agent_id(session):
                 reason = f"agent {agent.name!r} gave its id to a new session"
             elif agent.capabilities.get("loadSession"):
                 self._hub.strip_setup(agent, params)

@@ -86,9 +86,7 @@ EVIL_ORIGIN = ("origin", "https://evil.example")
     [
         pytest.param("GET", "/healthz", (HOST,), HEALTH, id="health-without-token"),
         pytest.param("GET", "/healthz", (HOST, EVIL_ORIGIN), HEALTH, id="health-any-origin"),
-        pytest.param(
-            "GET", "/status", (HOST, AUTHORIZED), Admitted("status", True), id="status"
-        ),
+        pytest.param("GET", "/status", (HOST, AUTHORIZED), Admitted("status", True), id="status"),
         pytest.param(
             "GET", "/metrics?token=t", (HOST,), Admitted("metrics", True), id="metrics-query"
         ),

@@ -1,9 +1,9 @@
 """
 The approval console's trio side: the page, its live channel and its answers.
 
-``faces.ws.py`` hands every request for ``/console`` (and below) here, after ``Host`` was checked;
-:func:`~acp_bridge.faces.console_core.judge_console` decides the rest (login, cookie, ``Origin``,
-CSRF: see ``faces.console_core.py``). What is served:
+The listener (``faces.ws.py``, through ``http.server``) hands each request for ``/console`` (and
+below) to one of the handlers here once it passed the console's checks (``Host``, method,
+``Origin``, login or cookie, CSRF: see ``faces.console_core.py``). What is served:
 
 - ``GET /console``: the page (``acp_bridge/faces/static/index.html``, with its CSRF value), and
   ``/console/app.js``, ``/console/app.css`` (package files, no build step);
@@ -13,16 +13,16 @@ CSRF: see ``faces.console_core.py``). What is served:
   peer gone is noticed there). At most :data:`MAX_LIVE` at once (then **503**); a write the
   peer does not take within ``ping_timeout`` ends the stream;
 - ``POST /console/answer``: ``{"id", "optionId"}`` (at most ``ANSWER_MAX_BYTES``, with a
-  ``Content-Length``), settled through :meth:`Approvals.console_answer`: **200** settled,
-  **409** already settled (and by whom) or asked again, **404** unknown, **400** bad input.
+  ``Content-Length`` or chunked: 411 without either), settled through
+  :meth:`Approvals.console_answer`: **200** settled, **409** already settled (and by whom) or
+  asked again, **404** unknown, **400** bad input.
 
-Every response but the live stream closes its connection, as the WebSocket face's refusals do.
+Every response closes its connection, as the listener's refusals do.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import importlib.resources
 import json
 import math
@@ -35,28 +35,25 @@ import trio
 
 from acp_bridge.faces.console_core import (
     ANSWER_MAX_BYTES,
+    ASSETS,
     SECURITY_HEADERS,
-    Answer,
-    Asset,
     ConsoleKeys,
-    Live,
     Login,
-    Page,
     decision_view,
-    judge_console,
     parse_answer,
     pending_view,
     render_page,
 )
-from acp_bridge.faces.handshake import Refuse, render_response
+from acp_bridge.http.wire import Response, json_response, plain
 
 if TYPE_CHECKING:
     from acp_bridge.engine.approvals import Approvals, Settlement
     from acp_bridge.engine.audit import AuditLog
-    from acp_bridge.faces.handshake import HandshakePolicy, RequestHead
+    from acp_bridge.faces.listener_core import ListenerPolicy
+    from acp_bridge.http.server import Exchange, Handler
     from acp_bridge.sessions.table import Forwarded
 
-__all__ = ["MAX_LIVE", "REFRESH", "Console", "LiveStream"]
+__all__ = ["MAX_LIVE", "REFRESH", "Console"]
 
 logger = structlog.get_logger("acp_bridge.console")
 
@@ -80,17 +77,6 @@ def _asset(name: str) -> str:
     return (importlib.resources.files("acp_bridge.faces") / "static" / name).read_text("utf-8")
 
 
-class LiveStream:
-    """A live channel accepted by :meth:`Console.respond`: run it after the handshake."""
-
-    def __init__(self, console: Console, stream: trio.abc.Stream) -> None:
-        self._console = console
-        self._stream = stream
-
-    async def run(self) -> None:
-        await self._console.stream_events(self._stream)
-
-
 class Console:
     """
     The console of one listener.
@@ -98,7 +84,7 @@ class Console:
     Args:
         approvals: the bridge's approvals (listed, watched, answered).
         audit: the audit log (its latest decisions are shown).
-        policy: the listener's handshake policy (token, origins).
+        policy: the listener's policy (token, port).
         tls: the listener speaks TLS (the cookie is then ``Secure``).
         send_timeout: seconds a live page may take to take a write (``ping_timeout``).
     """
@@ -107,21 +93,20 @@ class Console:
         self,
         approvals: Approvals,
         audit: AuditLog,
-        policy: HandshakePolicy,
+        policy: ListenerPolicy,
         *,
         tls: bool,
         send_timeout: float,
     ) -> None:
         self._approvals = approvals
         self._audit = audit
-        self._policy = policy
         self.keys = ConsoleKeys.build(policy.token, port=policy.port, tls=tls)
         self._send_timeout = send_timeout
         self._changed = trio.Event()
         #: console id → how it ended, newest last
         self._settled: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self.live = 0
-        self._page = _asset("index.html")
+        self._page_template = _asset("index.html")
         self._assets = {name: _asset(name).encode() for name in _CONTENT_TYPES}
         approvals.desk.changed.subscribe(self._on_change)
 
@@ -177,38 +162,31 @@ class Console:
 
     # ------------------------------------------------------------------ requests
 
-    async def respond(
-        self, stream: trio.abc.Stream, head: RequestHead, received: bytes
-    ) -> Refuse | bytes | LiveStream:
-        """
-        Answer one console request: a refusal (the face writes and logs it), a whole
-        response to write, or a live channel to run once the handshake is over.
-        """
-        verdict = judge_console(head, self._policy, self.keys, now=time.time())
-        if isinstance(verdict, Refuse):
-            return verdict
-        if isinstance(verdict, Login):
+    def handlers(self) -> dict[str, Handler]:
+        """The console's handlers, by the names ``faces.console_core.console_routes`` uses."""
+        return {
+            "console.page": self._page,
+            "console.asset": self._asset,
+            "console.events": self._events,
+            "console.answer": self._answer,
+        }
+
+    async def _page(self, exchange: Exchange) -> Response:
+        if isinstance(exchange.principal, Login):
             cookie = self.keys.mint_session(now=time.time(), nonce=os.urandom(18))
             headers = [("Location", "/console"), ("Set-Cookie", self.keys.set_cookie(cookie))]
             return _response(303, b"", "text/plain; charset=utf-8", headers)
-        if isinstance(verdict, Page):
-            csrf = self.keys.mint_csrf(verdict.session, nonce=os.urandom(18))
-            body = render_page(self._page, csrf)
-            return _response(200, body, "text/html; charset=utf-8")
-        if isinstance(verdict, Asset):
-            return _response(200, self._assets[verdict.name], _CONTENT_TYPES[verdict.name])
-        if isinstance(verdict, Live):
-            if self.live >= MAX_LIVE:
-                return Refuse(503, "too many console pages open", (("Retry-After", "5"),))
-            return LiveStream(self, stream)
-        assert isinstance(verdict, Answer)
-        return await self._answer(stream, head, received)
+        assert isinstance(exchange.principal, str)  # (the session's nonce)
+        csrf = self.keys.mint_csrf(exchange.principal, nonce=os.urandom(18))
+        return _response(200, render_page(self._page_template, csrf), "text/html; charset=utf-8")
 
-    async def _answer(
-        self, stream: trio.abc.Stream, head: RequestHead, received: bytes
-    ) -> Refuse | bytes:
-        body = await _read_body(stream, head, received)
-        if isinstance(body, Refuse):
+    async def _asset(self, exchange: Exchange) -> Response:
+        name = ASSETS[exchange.head.path]
+        return _response(200, self._assets[name], _CONTENT_TYPES[name])
+
+    async def _answer(self, exchange: Exchange) -> Response:
+        body = await exchange.body(ANSWER_MAX_BYTES, length_required=True)
+        if isinstance(body, Response):
             return body
         parsed = parse_answer(body)
         if parsed is None:
@@ -227,66 +205,35 @@ class Console:
             return _json(409, {"status": "already_settled", **settled})
         return _json(404, {"status": "unknown"})
 
-    async def stream_events(self, stream: trio.abc.Stream) -> None:
-        """Serve one live channel until the peer goes or stops reading."""
+    async def _events(self, exchange: Exchange) -> Response | None:
+        """One live channel, until the peer goes or stops reading (a write it does not take
+        within ``send_timeout`` ends it)."""
+        if self.live >= MAX_LIVE:
+            return plain(503, "too many console pages open", (("Retry-After", "5"),))
         self.live += 1
         try:
-            head = render_response(
-                200, b"", content_type="text/event-stream", headers=SECURITY_HEADERS
-            )
-            # A stream: no Content-Length (the body ends when the connection does).
-            head = head.replace(b"Content-Length: 0\r\n", b"")
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await self._write(stream, head + b"retry: 1000\n\n")
-                while True:
-                    changed = self._changed
-                    data = json.dumps(self.snapshot(), separators=(",", ":"))
-                    if not await self._write(stream, f"data: {data}\n\n".encode()):
-                        return
-                    with trio.move_on_after(REFRESH):
-                        await changed.wait()
+            head = Response(200, b"retry: 1000\n\n", SECURITY_HEADERS, "text/event-stream")
+            timeout = self._send_timeout if self._send_timeout > 0 else math.inf
+            events = await exchange.stream(head, send_timeout=timeout)
+            while events is not None:
+                changed = self._changed
+                data = json.dumps(self.snapshot(), separators=(",", ":"))
+                if not await events.send(f"data: {data}\n\n".encode()):
+                    if events.stalled:
+                        logger.info("console_live_stalled")
+                    return None
+                with trio.move_on_after(REFRESH):
+                    await changed.wait()
         finally:
             self.live -= 1
-
-    async def _write(self, stream: trio.abc.Stream, data: bytes) -> bool:
-        """Write ``data``; False (the stream is dropped) when the peer takes nothing in time."""
-        with trio.move_on_after(self._send_timeout if self._send_timeout > 0 else math.inf):
-            await stream.send_all(data)
-            return True
-        logger.info("console_live_stalled")
-        return False
+        return None
 
 
 def _response(
     status: int, body: bytes, content_type: str, headers: list[tuple[str, str]] | None = None
-) -> bytes:
-    return render_response(
-        status, body, content_type=content_type, headers=[*SECURITY_HEADERS, *(headers or [])]
-    )
+) -> Response:
+    return Response(status, body, (*SECURITY_HEADERS, *(headers or [])), content_type)
 
 
-def _json(status: int, data: dict[str, Any]) -> bytes:
-    return _response(status, json.dumps(data).encode(), "application/json")
-
-
-async def _read_body(stream: trio.abc.Stream, head: RequestHead, received: bytes) -> bytes | Refuse:
-    """
-    The request's body: exactly ``Content-Length`` bytes, at most ``ANSWER_MAX_BYTES``
-    (what came with the head first). Bounded in time by the handshake's deadline.
-    """
-    if head.values("transfer-encoding"):
-        return Refuse(411, "length required")
-    lengths = head.values("content-length")
-    if len(lengths) != 1 or not lengths[0].strip().isdigit():
-        return Refuse(411, "length required")
-    length = int(lengths[0])
-    if length > ANSWER_MAX_BYTES:
-        return Refuse(413, "answer too large")
-    end = received.find(b"\r\n\r\n")
-    body = bytearray(received[end + 4 :] if end >= 0 else b"")
-    while len(body) < length:
-        chunk = await stream.receive_some(length - len(body))
-        if not chunk:
-            return Refuse(400, "incomplete body")
-        body += chunk
-    return bytes(body[:length])
+def _json(status: int, data: dict[str, Any]) -> Response:
+    return json_response(status, data, SECURITY_HEADERS)

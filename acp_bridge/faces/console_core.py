@@ -2,9 +2,8 @@
 The approval console's decisions, pure: who may see and answer, and what a request looks like.
 
 The console (``GET /console`` on ``serve``'s listener; the trio side is ``faces.console``)
-has the
-WebSocket face's security (``Host`` already checked by :func:`~acp_bridge.faces.handshake.judge`;
-loopback by default), plus what a browser needs:
+has the listener's security (``Host`` checked for every path by ``http.wire``; loopback by
+default), plus what a browser needs (:func:`console_routes`):
 
 - **Login**: ``GET /console?token=TOKEN`` (the daemon's token, compared in constant time) sets
   a session cookie and redirects (303) to ``/console``, so the token leaves the address bar and
@@ -37,17 +36,18 @@ import hmac
 import http.cookies
 import json
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 
-from acp_bridge.faces.handshake import Refuse
+from acp_bridge.http.wire import OriginRule, RequestHead, Response, Route, plain
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from acp_bridge.faces.handshake import HandshakePolicy, RequestHead
     from acp_bridge.store.db import AuditRecord
+
+H = TypeVar("H")
 
 __all__ = [
     "ANSWER_MAX_BYTES",
@@ -55,15 +55,12 @@ __all__ = [
     "MAX_DIFF_LINES",
     "SECURITY_HEADERS",
     "SESSION_TTL",
-    "Answer",
-    "Asset",
     "ConsoleKeys",
-    "Live",
+    "ConsoleSession",
     "Login",
-    "Page",
+    "console_routes",
     "decision_view",
     "diff_lines",
-    "judge_console",
     "parse_answer",
     "pending_view",
     "render_page",
@@ -99,11 +96,12 @@ SECURITY_HEADERS: Final = (
     ("Cross-Origin-Resource-Policy", "same-origin"),
 )
 
-_UNAUTHORIZED: Final = Refuse(
+_UNAUTHORIZED: Final = plain(
     401,
     "unauthorized: open the console with the login link `acp-bridge serve` printed",
     SECURITY_HEADERS,
 )
+_BAD_CSRF: Final = plain(403, "forbidden: missing or wrong CSRF value", SECURITY_HEADERS)
 
 
 @attrs.frozen
@@ -176,77 +174,72 @@ class Login:
 
 
 @attrs.frozen
-class Page:
-    """Serve the page, with a new CSRF value for ``session``."""
-
-    session: str
-
-
-@attrs.frozen
-class Asset:
-    """Serve a static file of the page (no session data in it)."""
-
-    name: str
-
-
-@attrs.frozen
-class Live:
-    """Stream the pending requests as server-sent events."""
-
-
-@attrs.frozen
-class Answer:
-    """Read an answer's body and settle the request."""
-
-
-ConsoleVerdict = Refuse | Login | Page | Asset | Live | Answer
-
-
-def is_console_path(path: str) -> bool:
-    return path == ROOT or path.startswith(ROOT + "/")
-
-
-def judge_console(
-    head: RequestHead, policy: HandshakePolicy, keys: ConsoleKeys, *, now: float
-) -> ConsoleVerdict:
+class ConsoleSession:
     """
-    What to do with a request for a console path (``Host`` already judged). Pure.
-
-    Order: path (404), method (405), ``Origin`` (403), then the static assets (no session);
-    the login (token → :class:`Login`, else 401); the cookie (401); an answer's CSRF (403).
+    The console's credential: the session cookie (the principal is its nonce), or on the
+    page, the login token (the principal is :class:`Login`); with ``csrf``, the page's CSRF
+    value too (an answer).
     """
-    parts = urllib.parse.urlsplit(head.target)
-    path = parts.path
-    method = "POST" if path == ANSWER else "GET"
-    if path not in (ROOT, EVENTS, ANSWER, *ASSETS):
-        return Refuse(404, "not found")
-    if head.method != method:
-        return Refuse(405, "method not allowed", (("Allow", method),))
-    origins = head.values("origin")
-    if (origins or method == "POST") and (
-        len(origins) != 1 or not _origin_allowed(origins[0], head, policy, keys)
-    ):
-        return Refuse(403, "forbidden: Origin not allowed", SECURITY_HEADERS)
-    if path in ASSETS:
-        return Asset(ASSETS[path])
-    if path == ROOT and parts.query:
-        tokens = urllib.parse.parse_qs(parts.query, keep_blank_values=True).get("token", [])
-        if len(tokens) == 1 and hmac.compare_digest(
-            tokens[0].encode("utf-8", "surrogateescape"), policy.token
-        ):
-            return Login()
-        return _UNAUTHORIZED
-    session = keys.check_session(_cookie(head, keys.cookie_name), now=now)
-    if session is None:
-        return _UNAUTHORIZED
-    if path == ROOT:
-        return Page(session)
-    if path == EVENTS:
-        return Live()
-    csrf = head.values(CSRF_HEADER)
-    if len(csrf) != 1 or not keys.check_csrf(session, csrf[0]):
-        return Refuse(403, "forbidden: missing or wrong CSRF value", SECURITY_HEADERS)
-    return Answer()
+
+    keys: ConsoleKeys
+    token: bytes = attrs.field(repr=False)
+    login: bool = False
+    csrf: bool = False
+
+    def authenticate(self, head: RequestHead, *, now: float) -> Response | Login | str:
+        if self.login and head.query:
+            tokens = urllib.parse.parse_qs(head.query, keep_blank_values=True).get("token", [])
+            if len(tokens) == 1 and hmac.compare_digest(
+                tokens[0].encode("utf-8", "surrogateescape"), self.token
+            ):
+                return Login()
+            return _UNAUTHORIZED
+        session = self.keys.check_session(_cookie(head, self.keys.cookie_name), now=now)
+        if session is None:
+            return _UNAUTHORIZED
+        if self.csrf:
+            csrf = head.values(CSRF_HEADER)
+            if len(csrf) != 1 or not self.keys.check_csrf(session, csrf[0]):
+                return _BAD_CSRF
+        return session
+
+
+def console_routes(
+    keys: ConsoleKeys, *, token: bytes, origins: frozenset[str], handlers: Mapping[str, H]
+) -> dict[str, Route[H]]:
+    """
+    The console's paths, with the handlers ``console.page``, ``console.events``,
+    ``console.answer`` and ``console.asset`` of ``handlers``. Each checks, in order: method
+    (405), ``Origin`` (403: the console's own or one of ``origins``, required on the POST),
+    then the login or the cookie (401) and an answer's CSRF value (403); the static assets
+    need no session.
+    """
+    origin = OriginRule(
+        origins,
+        plain(403, "forbidden: Origin not allowed", SECURITY_HEADERS),
+        own_scheme=keys.scheme,
+        required_for=frozenset({"POST"}),
+    )
+    routes: dict[str, Route[H]] = {
+        ROOT: Route(
+            {"GET": handlers["console.page"]},
+            origin=origin,
+            credential=ConsoleSession(keys, token, login=True),
+        ),
+        EVENTS: Route(
+            {"GET": handlers["console.events"]},
+            origin=origin,
+            credential=ConsoleSession(keys, token),
+        ),
+        ANSWER: Route(
+            {"POST": handlers["console.answer"]},
+            origin=origin,
+            credential=ConsoleSession(keys, token, csrf=True),
+        ),
+    }
+    for path in ASSETS:
+        routes[path] = Route({"GET": handlers["console.asset"]}, origin=origin)
+    return routes
 
 
 def _cookie(head: RequestHead, name: str) -> str | None:
@@ -260,15 +253,6 @@ def _cookie(head: RequestHead, name: str) -> str | None:
         if name in jar:
             found = jar[name].value
     return found
-
-
-def _origin_allowed(
-    origin: str, head: RequestHead, policy: HandshakePolicy, keys: ConsoleKeys
-) -> bool:
-    key = origin.strip().rstrip("/").lower()
-    hosts = head.values("host")
-    own = f"{keys.scheme}://{hosts[0].strip().lower()}" if len(hosts) == 1 else None
-    return key == own or key in policy.origins
 
 
 def render_page(template: str, csrf: str) -> bytes:

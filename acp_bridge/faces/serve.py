@@ -24,10 +24,11 @@ import structlog
 import trio
 
 from acp_bridge.config.model import ConfigError
-from acp_bridge.faces.handshake import bracketed, check_bind
+from acp_bridge.faces.listener_core import check_bind
 from acp_bridge.faces.stdio import with_bridge
 from acp_bridge.faces.token import is_loopback, load_or_create_token
 from acp_bridge.faces.ws import WebSocketFace
+from acp_bridge.http.wire import bracketed
 from acp_bridge.observe.redact import Redactor
 from acp_bridge.observe.trace import open_wire_trace
 from acp_bridge.protocol.jsonrpc import JsonRpcError

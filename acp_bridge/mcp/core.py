@@ -1,6 +1,7 @@
 """
 The bridge's MCP server, sans I/O: tokens, MCP sessions, and what to answer each HTTP request
-of the Streamable HTTP transport. No trio: ``mcp.server`` reads and writes, this decides.
+of the Streamable HTTP transport. No trio: ``mcp.server`` (through ``http.server``) reads and
+writes, this decides.
 
 The subset of MCP served (the official clients need no more; both are tested against it):
 ``initialize`` (versions :data:`PROTOCOL_VERSIONS`, the client's if we know it, else our
@@ -27,25 +28,37 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import urllib.parse
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 import orjson
 
+from acp_bridge.http.wire import (
+    Hosts,
+    OriginRule,
+    RequestHead,
+    Response,
+    Route,
+    Site,
+    body_framing,
+    plain,
+    presented_bearer,
+)
 from acp_bridge.mcp.tools import ALL_TOOLS, Invocation, check_arguments, error_result
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from collections.abc import Set as AbstractSet
 
+H = TypeVar("H")
+
 __all__ = [
     "MAX_BODY_BYTES",
     "PROTOCOL_VERSIONS",
     "Admit",
-    "Answer",
     "Cancel",
     "Grant",
+    "McpBearer",
     "McpCore",
     "McpSession",
     "Run",
@@ -65,7 +78,7 @@ MAX_SESSIONS_PER_TOKEN: Final = 8
 #: Tool calls in flight per MCP session.
 MAX_CALLS_PER_SESSION: Final = 32
 
-_JSON: Final = (("Content-Type", "application/json"),)
+_JSON: Final = "application/json"
 _BEARER: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
 _BAD_TOKEN: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),)
 
@@ -173,12 +186,20 @@ def _digest(token: str) -> bytes:
 
 
 @attrs.frozen
-class Answer:
-    """An HTTP response to write; then the exchange is over."""
+class McpBearer:
+    """The endpoint's credential: ``Authorization: Bearer`` with a live token (the principal
+    is its :class:`Grant`)."""
 
-    status: int
-    body: bytes = b""
-    headers: tuple[tuple[str, str], ...] = ()
+    tokens: TokenRegistry
+
+    def authenticate(self, head: RequestHead, *, now: float) -> Response | Grant:
+        if not head.values("authorization"):
+            return plain(401, "unauthorized: bearer token required", _BEARER)
+        presented = presented_bearer(head, query=False)
+        grant = self.tokens.check(presented) if presented is not None else None
+        if grant is None:
+            return plain(401, "unauthorized: unknown or revoked token", _BAD_TOKEN)
+        return grant
 
 
 @attrs.frozen
@@ -226,19 +247,16 @@ def _rpc_error(request_id: object, code: int, message: str) -> bytes:
     )
 
 
-def _error(status: int, request_id: object, code: int, message: str) -> Answer:
-    return Answer(status, _rpc_error(request_id, code, message), _JSON)
+def _error(status: int, request_id: object, code: int, message: str) -> Response:
+    return Response(status, _rpc_error(request_id, code, message), content_type=_JSON)
 
 
-def _plain(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Answer:
-    return Answer(status, message.encode() + b"\n", (("Content-Type", "text/plain"), *headers))
+def _result(request_id: object, result: Mapping[str, Any]) -> Response:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+    return Response(200, body, content_type=_JSON)
 
 
-def _result(request_id: object, result: Mapping[str, Any]) -> Answer:
-    return Answer(200, orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}), _JSON)
-
-
-ACCEPTED: Final = Answer(202)
+ACCEPTED: Final = Response(202)
 
 
 class McpCore:
@@ -266,50 +284,39 @@ class McpCore:
 
     # ------------------------------------------------------------------ HTTP heads
 
-    def judge(
-        self,
-        method: str,
-        target: str,
-        headers: Sequence[tuple[str, str]],
-        *,
-        port: int | AbstractSet[int],
-    ) -> Admit | Answer:
+    def site(self, post: H, delete: H) -> Site[H]:
         """
-        What to do with a request head, before its body is read.
+        The endpoint's rules, for ``http.server``: ``Host`` (a loopback name with our port, or
+        one of a set: ssh agents reach the listener through forwarded ports of theirs; the
+        connection's own, see :meth:`hosts`), no ``Origin`` (no browser has business here),
+        the path, the method (POST and DELETE: ``GET`` is 405, the spec's answer for a server
+        that offers no SSE stream), the bearer token (:class:`McpBearer`).
+        """
+        refusal = plain(403, "forbidden: requests from a web page are not accepted")
+        route = Route({"POST": post, "DELETE": delete}, credential=McpBearer(self.tokens))
+        return Site(Hosts(frozenset()), {self.path: route}, origin=OriginRule(frozenset(), refusal))
 
-        ``headers``: (lower-case name, value) pairs. Checked in order: ``Host`` (a loopback
-        name with our ``port``, or one of a set: ssh agents reach the listener through forwarded
-        ports of theirs; else DNS rebinding), no ``Origin`` (no browser has business here), the
-        path, the method, the bearer token, and for POST the content type and length.
+    @staticmethod
+    def hosts(ports: AbstractSet[int]) -> Hosts:
+        """The ``Host`` values a connection may name: the loopback names with ``ports``."""
+        return Hosts.loopback(ports)
+
+    def admit(self, head: RequestHead, grant: Grant) -> Admit | Response:
         """
-        hosts = _values(headers, "host")
-        if len(hosts) != 1 or hosts[0].lower() not in _loopback_hosts(port):
-            return _plain(403, "forbidden: unknown Host")
-        if _values(headers, "origin"):
-            return _plain(403, "forbidden: requests from a web page are not accepted")
-        if urllib.parse.urlsplit(target).path != self.path:
-            return _plain(404, "not found")
-        if method not in ("POST", "DELETE"):
-            # The spec's answer for a server that offers no SSE stream on GET.
-            return _plain(405, "method not allowed", (("Allow", "POST, DELETE"),))
-        auth = _values(headers, "authorization")
-        if not auth:
-            return _plain(401, "unauthorized: bearer token required", _BEARER)
-        scheme, _, presented = auth[0].partition(" ")
-        grant = self.tokens.check(presented.strip()) if scheme.lower() == "bearer" else None
-        if len(auth) != 1 or grant is None:
-            return _plain(401, "unauthorized: unknown or revoked token", _BAD_TOKEN)
-        if method == "POST":
-            kind = (_values(headers, "content-type") or [""])[0].split(";")[0].strip().lower()
+        A request :meth:`site` let through, before its body is read: for POST, the content
+        type (415) and the body's length (413, and 400 for a malformed framing).
+        """
+        if head.method == "POST":
+            kind = (head.values("content-type") or [""])[0].split(";")[0].strip().lower()
             if kind != "application/json":
-                return _plain(415, "unsupported media type: send application/json")
-            length = _values(headers, "content-length")
-            if length and (not length[0].strip().isdigit() or int(length[0]) > MAX_BODY_BYTES):
-                return _plain(413, f"request body over {MAX_BODY_BYTES} bytes")
-        session_ids = _values(headers, "mcp-session-id")
-        versions = _values(headers, "mcp-protocol-version")
+                return plain(415, "unsupported media type: send application/json")
+            framing = body_framing(head, max_bytes=MAX_BODY_BYTES)
+            if isinstance(framing, Response):
+                return framing
+        session_ids = head.values("mcp-session-id")
+        versions = head.values("mcp-protocol-version")
         return Admit(
-            method,
+            head.method,
             grant,
             session_ids[0].strip() if session_ids else None,
             versions[0].strip() if versions else None,
@@ -317,18 +324,18 @@ class McpCore:
 
     # ------------------------------------------------------------------ DELETE
 
-    def delete(self, admit: Admit) -> tuple[Answer, McpSession | None]:
+    def delete(self, admit: Admit) -> tuple[Response, McpSession | None]:
         """End the MCP session named in the request: the answer, and the session (to cancel
         its calls)."""
         session = self._session_of(admit)
         if session is None:
-            return _plain(404 if admit.session_id else 400, "unknown MCP session"), None
+            return plain(404 if admit.session_id else 400, "unknown MCP session"), None
         del self._sessions[session.id]
-        return Answer(200), session
+        return Response(200), session
 
     # ------------------------------------------------------------------ POST
 
-    def post(self, admit: Admit, body: bytes) -> Answer | Run | Cancel:
+    def post(self, admit: Admit, body: bytes) -> Response | Run | Cancel:
         """The answer to a POSTed JSON-RPC message, or a call or a cancel for the shell."""
         try:
             message = orjson.loads(body)
@@ -385,7 +392,7 @@ class McpCore:
             )
         return self._call(session, request_id, params)
 
-    def _initialize(self, admit: Admit, request_id: object, params: Mapping[str, Any]) -> Answer:
+    def _initialize(self, admit: Admit, request_id: object, params: Mapping[str, Any]) -> Response:
         asked = params.get("protocolVersion")
         if not isinstance(asked, str):
             return _error(200, request_id, INVALID_PARAMS, "initialize: protocolVersion missing")
@@ -413,7 +420,7 @@ class McpCore:
 
     def _call(
         self, session: McpSession, request_id: object, params: Mapping[str, Any]
-    ) -> Answer | Run:
+    ) -> Response | Run:
         name = params.get("name")
         if not isinstance(name, str) or name not in session.grant.tools:
             shown = name[:100] if isinstance(name, str) else name
@@ -436,7 +443,7 @@ class McpCore:
         session.in_flight.add(request_id)
         return Run(session, request_id, caller, checked)
 
-    def finish(self, run: Run, outcome: Mapping[str, Any]) -> Answer:
+    def finish(self, run: Run, outcome: Mapping[str, Any]) -> Response:
         """The answer of a call that ran: ``outcome`` is a ``CallToolResult``."""
         self.release(run)
         return _result(run.request_id, outcome)
@@ -463,12 +470,3 @@ class McpCore:
     @property
     def session_count(self) -> int:
         return len(self._sessions)
-
-
-def _values(headers: Sequence[tuple[str, str]], name: str) -> list[str]:
-    return [value for key, value in headers if key == name]
-
-
-def _loopback_hosts(port: int | AbstractSet[int]) -> frozenset[str]:
-    ports = {port} if isinstance(port, int) else port
-    return frozenset(f"{name}:{p}" for p in ports for name in ("127.0.0.1", "localhost", "[::1]"))

@@ -1,7 +1,8 @@
 """
 The bridge's ``acp-bridge`` MCP server on a trio listener: Streamable HTTP on 127.0.0.1, one
-request per connection (``Connection: close``). ``mcp.core`` decides; this reads, runs the
-tool calls on the :class:`~acp_bridge.mcp.tools.SubagentHost`, and writes.
+request per connection (``Connection: close``), served by ``http.server``. ``mcp.core``
+decides; the two handlers here (POST, DELETE) run the tool calls on the
+:class:`~acp_bridge.mcp.tools.SubagentHost`.
 
 A call ends in one of five ways: its result (200); ``notifications/cancelled`` for it (202
 and no JSON-RPC answer, as MCP asks); its connection dropped (nothing to answer); the call
@@ -14,21 +15,21 @@ head in ``head_timeout``, a body in ``body_timeout`` (408 after), a write in ``s
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-import h11
 import structlog
 import trio
 
 from acp_bridge import __version__
+from acp_bridge.http.server import HttpServer, Limits
+from acp_bridge.http.wire import MAX_HEAD_BYTES, Response, plain
 from acp_bridge.mcp.core import (
+    ACCEPTED,
     MAX_BODY_BYTES,
-    Admit,
-    Answer,
     Cancel,
+    Grant,
     McpCore,
     McpSession,
     Run,
@@ -46,6 +47,7 @@ from acp_bridge.mcp.tools import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from acp_bridge.http.server import Exchange
     from acp_bridge.mcp.tools import SubagentHost
 
 __all__ = ["DEFAULT_CALL_TIMEOUT", "TOKEN_ENV", "McpEndpoint", "installed_command"]
@@ -57,9 +59,6 @@ logger = structlog.get_logger("acp_bridge.mcp")
 DEFAULT_CALL_TIMEOUT: Final = 3600.0
 #: The variable ``acp-bridge mcp`` reads its bearer token from.
 TOKEN_ENV: Final = "ACP_BRIDGE_MCP_TOKEN"
-#: Largest request head.
-MAX_HEAD_BYTES: Final = 16 * 1024
-_CHUNK: Final = 65536
 
 
 class McpEndpoint:
@@ -95,11 +94,16 @@ class McpEndpoint:
         #: agent name -> the remote port its ssh connection forwards here (one per agent: a
         #: relaunch replaces it, so the set ``Host`` may name is bounded by the agents)
         self.forwarded: dict[str, int] = {}
-        self._max_connections = max_connections
-        self._head_timeout = head_timeout
-        self._body_timeout = body_timeout
-        self._send_timeout = send_timeout
-        self._connections = 0
+        limits = Limits(
+            head_timeout=head_timeout,
+            body_timeout=body_timeout,
+            send_timeout=send_timeout,
+            max_connections=max_connections,
+            # (what a request may still send after its answer: a body, drained before closing)
+            linger_bytes=MAX_BODY_BYTES,
+            busy=plain(503, "busy"),
+        )
+        self._http = HttpServer(self.core.site(self._post, self._delete), limits, name="mcp")
         # (MCP session id, JSON-RPC id) -> the call's scope, and why it was cancelled
         self._calls: dict[tuple[str, object], tuple[trio.CancelScope, list[str]]] = {}
         self._started: trio.Event | None = None
@@ -209,75 +213,56 @@ class McpEndpoint:
     async def handle_connection(self, stream: trio.abc.Stream, *, port: int | None = None) -> None:
         """Serve one request on ``stream`` and close it. ``port``: the one ``Host`` must name
         (default: the listener's), or one of :attr:`forwarded`."""
-        async with stream:
-            if self._connections >= self._max_connections:
-                await self._send(h11.Connection(h11.SERVER), stream, Answer(503, b"busy\n"))
-                return
-            self._connections += 1
-            try:
-                await self._exchange(stream, self.port if port is None else port)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
-                pass  # the peer went away mid-exchange: nobody to answer
-            finally:
-                self._connections -= 1
+        port = self.port if port is None else port
+        hosts = self.core.hosts({-1 if port is None else port, *self.forwarded.values()})
+        await self._http.handle_connection(stream, hosts=hosts)
 
-    async def _exchange(self, stream: trio.abc.Stream, port: int | None) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-        request: h11.Request | Answer | None = None
-        with trio.move_on_after(self._head_timeout):
-            request = await _read_head(conn, stream)
-        if not isinstance(request, h11.Request):
-            if request is not None:
-                await self._send(conn, stream, request)
-            return
-        headers = [(n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in request.headers]
-        verdict = self.core.judge(
-            request.method.decode("ascii", "replace"),
-            request.target.decode("latin-1"),
-            headers,
-            port={-1 if port is None else port, *self.forwarded.values()},
-        )
-        if isinstance(verdict, Answer):
-            await self._send(conn, stream, verdict)
-            return
-        if verdict.method == "DELETE":
-            answer, session = self.core.delete(verdict)
-            if session is not None:
-                self._cancel_sessions([session], "deleted")
-            await self._send(conn, stream, answer)
-            return
-        await self._post(conn, stream, verdict)
+    async def _delete(self, exchange: Exchange) -> Response:
+        admit = self.core.admit(exchange.head, _grant(exchange))
+        if isinstance(admit, Response):
+            return admit
+        answer, session = self.core.delete(admit)
+        if session is not None:
+            self._cancel_sessions([session], "deleted")
+        return answer
 
-    async def _post(self, conn: h11.Connection, stream: trio.abc.Stream, admit: Admit) -> None:
-        body: bytes | Answer = Answer(408, b"request body too slow\n")
-        with trio.move_on_after(self._body_timeout):
-            body = await _read_body(conn, stream)
-        if isinstance(body, Answer):
-            await self._send(conn, stream, body)
-            return
+    async def _post(self, exchange: Exchange) -> Response | None:
+        admit = self.core.admit(exchange.head, _grant(exchange))
+        if isinstance(admit, Response):
+            return admit
+        body = await exchange.body(MAX_BODY_BYTES)
+        if isinstance(body, Response):
+            return body
         outcome = self.core.post(admit, body)
         if isinstance(outcome, Cancel):
             entry = self._calls.get((outcome.session.id, _key(outcome.request_id)))
             if entry is not None:
                 entry[1].append("cancelled")
                 entry[0].cancel()
-            await self._send(conn, stream, Answer(202))
-        elif isinstance(outcome, Run):
-            await self._run(conn, stream, outcome)
-        else:
-            await self._send(conn, stream, outcome)
+            return ACCEPTED
+        if isinstance(outcome, Run):
+            return await self._run(exchange, outcome)
+        return outcome
 
-    async def _run(self, conn: h11.Connection, stream: trio.abc.Stream, run: Run) -> None:
+    async def _run(self, exchange: Exchange, run: Run) -> Response | None:
+        """The call's answer; None when its client hung up (nobody to answer)."""
         key = (run.session.id, _key(run.request_id))
         scope = trio.CancelScope(deadline=trio.current_time() + self.call_timeout)
         reasons: list[str] = []
         self._calls[key] = (scope, reasons)
         log = logger.bind(tool=run.call.tool, caller=run.caller, mcp_session=run.session.id)
         result: dict[str, Any] | None = None
+
+        async def watch_peer() -> None:
+            # The only way a JSON response can be abandoned: its client hangs up.
+            await exchange.wait_gone(MAX_HEAD_BYTES)  # (junk meanwhile, not unboundedly)
+            reasons.append("gone")
+            scope.cancel()
+
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_watch_peer, stream, scope, reasons)
+                    nursery.start_soon(watch_peer)
                     result = await _call(self.host, run, log)
                     nursery.cancel_scope.cancel()
         finally:
@@ -287,9 +272,7 @@ class McpEndpoint:
             why = reasons[0] if reasons else "deadline"
             log.info("mcp_call_ended", why=why)
             if why in ("cancelled", "gone", "deleted"):
-                if why != "gone":
-                    await self._send(conn, stream, Answer(202))
-                return
+                return ACCEPTED if why != "gone" else None
             if why == "deadline":
                 result = error_result(
                     f"{run.call.tool}: no answer within {self.call_timeout:g} s; the call was "
@@ -297,30 +280,12 @@ class McpEndpoint:
                 )
             else:
                 result = error_result(f"{run.call.tool}: the calling session has ended")
-        await self._send(conn, stream, self.core.finish(run, result))
+        return self.core.finish(run, result)
 
-    async def _send(self, conn: h11.Connection, stream: trio.abc.Stream, answer: Answer) -> None:
-        """Write ``answer`` and end the exchange (bounded by ``send_timeout``)."""
-        headers = [
-            *answer.headers,
-            ("Content-Length", str(len(answer.body))),
-            ("Connection", "close"),
-        ]
-        data = conn.send(h11.Response(status_code=answer.status, headers=headers))
-        if answer.body:
-            data = (data or b"") + (conn.send(h11.Data(data=answer.body)) or b"")
-        data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
-        with trio.move_on_after(self._send_timeout):
-            await stream.send_all(data)
-            # Unread request bytes would make closing send a reset, which can destroy the
-            # answer before the peer read it: end our side, then drain what is left, briefly.
-            if isinstance(stream, trio.abc.HalfCloseableStream):
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await stream.send_eof()
-            with trio.move_on_after(1.0):
-                drained = 0
-                while drained < MAX_BODY_BYTES and (chunk := await stream.receive_some(_CHUNK)):
-                    drained += len(chunk)
+
+def _grant(exchange: Exchange) -> Grant:
+    assert isinstance(exchange.principal, Grant)  # (the route's credential: McpBearer)
+    return exchange.principal
 
 
 async def _call(host: SubagentHost, run: Run, log: Any) -> dict[str, Any]:
@@ -332,63 +297,6 @@ async def _call(host: SubagentHost, run: Run, log: Any) -> dict[str, Any]:
     except Exception:
         log.exception("mcp_tool_failed")
         return error_result(f"{run.call.tool}: internal error in the bridge (see its log)")
-
-
-async def _watch_peer(stream: trio.abc.Stream, scope: trio.CancelScope, reasons: list[str]) -> None:
-    """Cancel a call whose client hung up (the only way a JSON response can be abandoned)."""
-    received = 0
-    try:
-        while received <= MAX_HEAD_BYTES:  # a client may send junk meanwhile, not unboundedly
-            chunk = await stream.receive_some(_CHUNK)
-            if not chunk:
-                break
-            received += len(chunk)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    reasons.append("gone")
-    scope.cancel()
-
-
-async def _read_head(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Request | Answer | None:
-    """The request head; an :class:`Answer` for a malformed one; None at EOF."""
-    while True:
-        try:
-            event = conn.next_event()
-        except h11.RemoteProtocolError as exc:
-            status = exc.error_status_hint
-            return Answer(
-                status, b"request head too large\n" if status == 431 else b"bad request\n"
-            )
-        if event is h11.NEED_DATA:
-            data = await stream.receive_some(_CHUNK)
-            if not data:
-                return None
-            conn.receive_data(bytes(data))
-            continue
-        return event if isinstance(event, h11.Request) else None
-
-
-async def _read_body(conn: h11.Connection, stream: trio.abc.Stream) -> bytes | Answer:
-    """The request body, at most :data:`MAX_BODY_BYTES` (413 past it)."""
-    body = bytearray()
-    while True:
-        try:
-            event = conn.next_event()
-        except h11.RemoteProtocolError:
-            return Answer(400, b"bad request\n")
-        if event is h11.NEED_DATA:
-            data = await stream.receive_some(_CHUNK)
-            if not data:
-                return Answer(400, b"request body cut short\n")
-            conn.receive_data(bytes(data))
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_BODY_BYTES:
-                return Answer(413, f"request body over {MAX_BODY_BYTES} bytes\n".encode())
-        elif isinstance(event, h11.EndOfMessage):
-            return bytes(body)
-        else:
-            return Answer(400, b"bad request\n")
 
 
 def _key(request_id: object) -> object:

@@ -31,6 +31,7 @@ NOT_ON_THE_STDIO_PATH = (
     "acp_bridge.faces.ws",
     "acp_bridge.faces.serve",
     "acp_bridge.mcp.server",
+    "acp_bridge.http",
     "acp_bridge.observe.trace",
     "acp_bridge.faces.v2",
     "acp_bridge.v2.core",
@@ -65,7 +66,7 @@ def _loaded_forbidden(modules: list[str]) -> list[str]:
 
 
 #: what a session brings in on top: the sub-agent MCP server offered to it (docs/subagents.md)
-FOR_A_SESSION = ("h11", "acp_bridge.mcp.server")
+FOR_A_SESSION = ("h11", "acp_bridge.mcp.server", "acp_bridge.http")
 
 
 @pytest.mark.parametrize("with_session", [False, True], ids=["initialize", "session"])

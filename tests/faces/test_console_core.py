@@ -9,18 +9,14 @@ from acp_bridge.faces.console_core import (
     CSP,
     MAX_DIFF_LINES,
     SESSION_TTL,
-    Answer,
-    Asset,
     ConsoleKeys,
-    Live,
     Login,
-    Page,
     diff_lines,
-    judge_console,
     parse_answer,
     pending_view,
 )
-from acp_bridge.faces.handshake import Console, HandshakePolicy, Refuse, RequestHead, judge
+from acp_bridge.faces.listener_core import HANDLERS, ListenerPolicy, listener_site
+from acp_bridge.http.wire import Admitted, RequestHead, Response, plain
 from acp_bridge.policy.rules import parse_policy
 from acp_bridge.protocol.jsonrpc import SETUP_UPDATES
 from acp_bridge.sessions.table import Session, track_setup
@@ -31,11 +27,22 @@ NOW = 1_800_000_000.0
 ORIGIN = f"http://127.0.0.1:{PORT}"
 
 
-def policy(**ws) -> HandshakePolicy:
-    return HandshakePolicy.build(WebSocketConfig(**ws), token=TOKEN, port=PORT, tls=False)
+def policy(**ws) -> ListenerPolicy:
+    return ListenerPolicy.build(WebSocketConfig(**ws), token=TOKEN, port=PORT, tls=False)
 
 
 KEYS = ConsoleKeys.build(TOKEN, port=PORT, tls=False)
+#: what the listener admits to the console: the handler's name, and what was proved
+LIVE = Admitted("console.events")
+ASSET = Admitted("console.asset")
+ANSWER = Admitted("console.answer")
+
+
+def judge_console(
+    head: RequestHead, policy: ListenerPolicy, keys: ConsoleKeys, *, now: float
+) -> Response | Admitted[str]:
+    """The listener's verdict on a console request (handlers named as in HANDLERS)."""
+    return listener_site(policy, keys, {name: name for name in HANDLERS}).judge(head, now=now)
 
 
 def head(target: str, *, method: str = "GET", **headers: str) -> RequestHead:
@@ -54,20 +61,24 @@ def with_cookie(value: str) -> str:
 
 def test_the_listener_sends_console_paths_to_the_console():
     """/console and below are the console's (after the Host check); /consoles is not."""
-    assert judge(head("/console"), policy(), connections=0) == Console()
-    assert judge(head("/console/events"), policy(), connections=0) == Console()
-    assert judge(head("/consoles"), policy(), connections=0) == Refuse(404, "not found")
+    for target in ("/console", "/console/events"):
+        # (without a cookie: refused by the console's own rules, not as an unknown path)
+        verdict = judge_console(head(target), policy(), KEYS, now=NOW)
+        assert isinstance(verdict, Response)
+        assert verdict.status == 401
+        assert "Content-Security-Policy" in dict(verdict.headers)
+    assert judge_console(head("/consoles"), policy(), KEYS, now=NOW) == plain(404, "not found")
     wrong_host = RequestHead("GET", "/console", "1.1", (("host", "evil.example:8765"),))
-    assert judge(wrong_host, policy(), connections=0).status == 403  # type: ignore[union-attr]
+    assert judge_console(wrong_host, policy(), KEYS, now=NOW).status == 403  # type: ignore[union-attr]
 
 
 def test_the_token_once_logs_in_and_a_wrong_one_is_401():
     assert judge_console(head("/console?token=" + TOKEN.decode()), policy(), KEYS, now=NOW) == (
-        Login()
+        Admitted("console.page", Login())
     )
     for target in ("/console?token=nope", "/console?token=a&token=b", "/console?x=1"):
         verdict = judge_console(head(target), policy(), KEYS, now=NOW)
-        assert isinstance(verdict, Refuse)
+        assert isinstance(verdict, Response)
         assert verdict.status == 401
 
 
@@ -87,7 +98,7 @@ def test_without_a_valid_cookie_every_console_path_with_data_is_401():
         for target, method in (("/console", "GET"), ("/console/events", "GET")):
             extra = {"cookie": with_cookie(cookie)} if cookie else {}
             verdict = judge_console(head(target, method=method, **extra), policy(), KEYS, now=NOW)
-            assert isinstance(verdict, Refuse), (cookie, target)
+            assert isinstance(verdict, Response), (cookie, target)
             assert verdict.status == 401
             assert "Content-Security-Policy" in dict(verdict.headers)
 
@@ -95,13 +106,16 @@ def test_without_a_valid_cookie_every_console_path_with_data_is_401():
 def test_a_valid_cookie_opens_the_page_and_its_live_channel():
     cookie = with_cookie(session_cookie())
     page = judge_console(head("/console", cookie=cookie), policy(), KEYS, now=NOW)
-    assert isinstance(page, Page)
-    assert KEYS.check_session(session_cookie(), now=NOW) == page.session
-    assert judge_console(head("/console/events", cookie=cookie), policy(), KEYS, now=NOW) == Live()
+    assert isinstance(page, Admitted)
+    assert page.handler == "console.page"
+    assert KEYS.check_session(session_cookie(), now=NOW) == page.principal
+    live = judge_console(head("/console/events", cookie=cookie), policy(), KEYS, now=NOW)
+    assert live == Admitted(LIVE.handler, page.principal)
 
 
 def test_static_assets_need_no_session_but_a_right_origin():
-    assert judge_console(head("/console/app.js"), policy(), KEYS, now=NOW) == Asset("app.js")
+    assert judge_console(head("/console/app.js"), policy(), KEYS, now=NOW) == ASSET
+    assert judge_console(head("/console/app.css"), policy(), KEYS, now=NOW) == ASSET
     evil = head("/console/app.js", origin="http://evil.example")
     assert judge_console(evil, policy(), KEYS, now=NOW).status == 403  # type: ignore[union-attr]
 
@@ -120,8 +134,10 @@ def test_answers_need_an_own_origin_and_the_page_csrf_value():
             now=NOW,
         )
 
-    assert answer(origin=ORIGIN, x_console_csrf=csrf) == Answer()
-    assert answer(origin="https://tool.example", x_console_csrf=csrf) == Answer()
+    assert answer(origin=ORIGIN, x_console_csrf=csrf) == Admitted(ANSWER.handler, session)
+    assert answer(origin="https://tool.example", x_console_csrf=csrf) == Admitted(
+        ANSWER.handler, session
+    )
     statuses = [
         answer(x_console_csrf=csrf),  # no Origin at all
         answer(origin="http://127.0.0.1:9999", x_console_csrf=csrf),  # another port: same site

@@ -1,4 +1,4 @@
-"""The WebSocket face's pure decisions: request-head verdicts, responses, frames, bind policy.
+"""The listener's pure decisions: request-head verdicts, the upgrade, frames, bind policy.
 
 Plain synchronous tests, no trio and no socket; ``test_ws.py`` sends the same requests over real
 loopback sockets and checks what reaches the wire.
@@ -9,19 +9,10 @@ from __future__ import annotations
 import pytest
 
 from acp_bridge.config.model import AgentConfig, Config, ConfigError, WebSocketConfig
-from acp_bridge.faces.handshake import (
-    HandshakePolicy,
-    Health,
-    Refuse,
-    Report,
-    RequestHead,
-    Upgrade,
-    check_bind,
-    is_initialize,
-    judge,
-    render_response,
-    text_frames,
-)
+from acp_bridge.faces.console_core import ConsoleKeys
+from acp_bridge.faces.handshake import TOO_MANY, is_initialize, text_frames
+from acp_bridge.faces.listener_core import HANDLERS, ListenerPolicy, check_bind, listener_site
+from acp_bridge.http.wire import Admitted, RequestHead, Response, plain
 
 AGENT = AgentConfig(name="a", command="fake")
 TOKEN = "t"
@@ -31,6 +22,15 @@ UPGRADE_HEADERS = (
     ("sec-websocket-version", "13"),
     ("sec-websocket-key", "x"),
 )
+#: what the listener admits: the handler's name, and what the token proved
+HEALTH = Admitted("health")
+UPGRADE = Admitted("acp", True)
+
+
+def judge(head: RequestHead, policy: ListenerPolicy) -> Response | Admitted[str]:
+    """The listener's verdict on ``head``, its handlers named as in HANDLERS."""
+    keys = ConsoleKeys.build(policy.token, port=policy.port, tls=False)
+    return listener_site(policy, keys, {name: name for name in HANDLERS}).judge(head, now=0.0)
 
 
 # -- the verdicts --------------------------------------------------------------------------------
@@ -39,7 +39,7 @@ UPGRADE_HEADERS = (
 def test_judge_host_forms():
     """IPv6 hosts, defaults and duplicates, decided without sockets."""
     settings = WebSocketConfig(host="::", port=9000, allowed_hosts=("bad host",))
-    policy = HandshakePolicy.build(settings, token=b"t", port=9000, tls=False)
+    policy = ListenerPolicy.build(settings, token=b"t", port=9000, tls=False)
 
     def head(*headers: tuple[str, str]) -> RequestHead:
         base = (
@@ -51,10 +51,10 @@ def test_judge_host_forms():
         )
         return RequestHead("GET", "/acp", "1.1", (*headers, *base))
 
-    assert judge(head(("host", "[::1]:9000")), policy, connections=0) == Upgrade()
+    assert judge(head(("host", "[::1]:9000")), policy) == UPGRADE
     # A wildcard bind: any IP literal with the right port (no name can be rebound to it).
-    assert judge(head(("host", "192.0.2.7:9000")), policy, connections=0) == Upgrade()
-    assert judge(head(("host", "[2001:db8::1]:9000")), policy, connections=0) == Upgrade()
+    assert judge(head(("host", "192.0.2.7:9000")), policy) == UPGRADE
+    assert judge(head(("host", "[2001:db8::1]:9000")), policy) == UPGRADE
     for bad in (
         "192.0.2.7:9001",
         "[::1",
@@ -63,18 +63,17 @@ def test_judge_host_forms():
         "a:b:c",
         "x@127.0.0.1:9000",
     ):
-        verdict = judge(head(("host", bad)), policy, connections=0)
-        assert verdict == Refuse(403, "forbidden: unknown Host"), bad
+        verdict = judge(head(("host", bad)), policy)
+        assert verdict == plain(403, "forbidden: unknown Host"), bad
     two = head(("host", "[::1]:9000"), ("host", "[::1]:9000"))
-    assert judge(two, policy, connections=0) == Refuse(403, "forbidden: unknown Host")
-    full = judge(head(("host", "[::1]:9000")), policy, connections=64)
-    assert isinstance(full, Refuse)
-    assert full.status == 503
+    assert judge(two, policy) == plain(403, "forbidden: unknown Host")
+    # (past max_connections the upgrade's handler answers this: test_ws.py's connection cap)
+    assert TOO_MANY.status == 503
 
 
-def loopback_policy() -> HandshakePolicy:
+def loopback_policy() -> ListenerPolicy:
     settings = WebSocketConfig(allowed_origins=("http://localhost:3000",))
-    return HandshakePolicy.build(settings, token=TOKEN.encode(), port=8765, tls=False)
+    return ListenerPolicy.build(settings, token=TOKEN.encode(), port=8765, tls=False)
 
 
 HOST = ("host", "127.0.0.1:8765")
@@ -85,11 +84,13 @@ EVIL_ORIGIN = ("origin", "https://evil.example")
 @pytest.mark.parametrize(
     ("method", "target", "headers", "verdict"),
     [
-        pytest.param("GET", "/healthz", (HOST,), Health(), id="health-without-token"),
-        pytest.param("GET", "/healthz", (HOST, EVIL_ORIGIN), Health(), id="health-any-origin"),
-        pytest.param("GET", "/status", (HOST, AUTHORIZED), Report("status"), id="status"),
-        pytest.param("GET", "/metrics?token=t", (HOST,), Report("metrics"), id="metrics-query"),
-        pytest.param("GET", "/acp", (HOST, AUTHORIZED, *UPGRADE_HEADERS), Upgrade(), id="upgrade"),
+        pytest.param("GET", "/healthz", (HOST,), HEALTH, id="health-without-token"),
+        pytest.param("GET", "/healthz", (HOST, EVIL_ORIGIN), HEALTH, id="health-any-origin"),
+        pytest.param("GET", "/status", (HOST, AUTHORIZED), Admitted("status", True), id="status"),
+        pytest.param(
+            "GET", "/metrics?token=t", (HOST,), Admitted("metrics", True), id="metrics-query"
+        ),
+        pytest.param("GET", "/acp", (HOST, AUTHORIZED, *UPGRADE_HEADERS), UPGRADE, id="upgrade"),
         pytest.param("GET", "/nope", (("host", "evil.example:8765"),), 403, id="host-first"),
         pytest.param("GET", "*", (HOST,), 400, id="not-a-path"),
         pytest.param("POST", "/healthz", (HOST,), 405, id="post-health"),
@@ -114,9 +115,9 @@ EVIL_ORIGIN = ("origin", "https://evil.example")
 )
 def test_judge_checks_host_path_method_upgrade_origin_then_token(method, target, headers, verdict):
     """Each request gets the verdict of the first check it fails, in the documented order."""
-    got = judge(RequestHead(method, target, "1.1", headers), loopback_policy(), connections=0)
+    got = judge(RequestHead(method, target, "1.1", headers), loopback_policy())
     if isinstance(verdict, int):
-        assert isinstance(got, Refuse)
+        assert isinstance(got, Response)
         assert got.status == verdict
     else:
         assert got == verdict
@@ -125,23 +126,10 @@ def test_judge_checks_host_path_method_upgrade_origin_then_token(method, target,
 def test_an_upgrade_over_http_1_0_is_malformed():
     """The WebSocket handshake is HTTP/1.1 only."""
     head = RequestHead("GET", "/acp", "1.0", (HOST, AUTHORIZED, *UPGRADE_HEADERS))
-    assert judge(head, loopback_policy(), connections=0) == Refuse(
-        400, "malformed WebSocket upgrade"
-    )
+    assert judge(head, loopback_policy()) == plain(400, "malformed WebSocket upgrade")
 
 
 # -- what goes on the wire -----------------------------------------------------------------------
-
-
-def test_render_response_is_a_whole_http_response_that_closes():
-    """Status line, length, no caching, Connection: close, the extra headers, then the body."""
-    response = render_response(
-        401, b"no\n", content_type="text/plain", headers=[("WWW-Authenticate", "Bearer")]
-    )
-    assert response == (
-        b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
-        b"Cache-Control: no-store\r\nConnection: close\r\nWWW-Authenticate: Bearer\r\n\r\nno\n"
-    )
 
 
 @pytest.mark.parametrize(

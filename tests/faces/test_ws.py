@@ -32,7 +32,8 @@ from acp_bridge.config.model import ConfigError, WebSocketConfig, load_config
 from acp_bridge.engine.bridge import Bridge
 from acp_bridge.faces.handshake import text_frames
 from acp_bridge.faces.serve import ListenInfo, serve_websocket
-from acp_bridge.faces.ws import HANDSHAKE_EVICT_AGE, MAX_HEAD_BYTES, WebSocketFace, _ReplayStream
+from acp_bridge.faces.ws import HANDSHAKE_EVICT_AGE, WebSocketFace, _ReplayStream
+from acp_bridge.http.wire import MAX_HEAD_BYTES
 from acp_bridge.protocol.jsonrpc import JsonRpcError
 from tests.support.fakes import FakeAgent, make_config
 from tests.support.peers.sdk_client import RecordingClient

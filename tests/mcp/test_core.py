@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import orjson
 import pytest
 
+from acp_bridge.http.wire import RequestHead, Response
 from acp_bridge.mcp.core import (
     MAX_BODY_BYTES,
     MAX_CALLS_PER_SESSION,
     MAX_SESSIONS_PER_TOKEN,
     Admit,
-    Answer,
     Cancel,
     McpCore,
     Run,
@@ -39,6 +40,19 @@ def body(method: str, id: object = 1, **params: object) -> bytes:
     return orjson.dumps(message)
 
 
+def judge(
+    core: McpCore, method: str, target: str, headers: list[tuple[str, str]], *, port: int | set[int]
+) -> Admit | Response:
+    """A head as the endpoint judges it: the site's checks (Host, Origin, path, method, token),
+    then the endpoint's own (content type, length)."""
+    head = RequestHead(method, target, "1.1", tuple(headers))
+    hosts = core.hosts({port} if isinstance(port, int) else port)
+    verdict = core.site("post", "delete").judge(head, now=0.0, hosts=hosts)
+    if isinstance(verdict, Response):
+        return verdict
+    return core.admit(head, verdict.principal)  # type: ignore[arg-type]
+
+
 class Harness:
     def __init__(self) -> None:
         self.tokens = TokenRegistry()
@@ -47,23 +61,23 @@ class Harness:
     def admit(self, token: str, session_id: str | None = None, **extra: str) -> Admit:
         if session_id is not None:
             extra["mcp_session_id"] = session_id
-        verdict = self.core.judge("POST", "/mcp", head(token, **extra), port=PORT)
+        verdict = judge(self.core, "POST", "/mcp", head(token, **extra), port=PORT)
         assert isinstance(verdict, Admit), verdict
         return verdict
 
     def initialize(self, token: str) -> str:
         answer = self.core.post(self.admit(token), body("initialize", protocolVersion="2025-06-18"))
-        assert isinstance(answer, Answer)
+        assert isinstance(answer, Response)
         assert answer.status == 200
         assert json.loads(answer.body)["result"]["protocolVersion"] == "2025-06-18"
         return dict(answer.headers)["Mcp-Session-Id"]
 
-    def post(self, token: str, session_id: str | None, data: bytes) -> Answer | Run | Cancel:
+    def post(self, token: str, session_id: str | None, data: bytes) -> Response | Run | Cancel:
         return self.core.post(self.admit(token, session_id), data)
 
 
 def rpc(answer: object) -> dict[str, object]:
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Response)
     return json.loads(answer.body)
 
 
@@ -146,8 +160,8 @@ def test_a_head_is_refused_with_the_reason(method, target, headers, status):
             base.pop(name)
         else:
             base[name] = value.replace("TOKEN", token)
-    verdict = harness.core.judge(method, target, list(base.items()), port=PORT)
-    assert isinstance(verdict, Answer)
+    verdict = judge(harness.core, method, target, list(base.items()), port=PORT)
+    assert isinstance(verdict, Response)
     assert verdict.status == status
     if status == 401:
         assert "WWW-Authenticate" in dict(verdict.headers)
@@ -158,7 +172,7 @@ def test_a_good_head_is_admitted_with_its_grant():
     token = harness.tokens.mint()
     for host in (f"localhost:{PORT}", f"[::1]:{PORT}", f"127.0.0.1:{PORT}"):
         headers = [("host", host), *head(token)[1:]]
-        verdict = harness.core.judge("POST", "/mcp?x=1", headers, port=PORT)
+        verdict = judge(harness.core, "POST", "/mcp?x=1", headers, port=PORT)
         assert isinstance(verdict, Admit)
         assert verdict.grant is harness.tokens.check(token)
 
@@ -171,16 +185,16 @@ def test_host_may_name_any_port_of_the_allowed_set_and_no_other():
     for port in sorted(allowed):
         for name in ("127.0.0.1", "localhost", "[::1]"):
             headers = [("host", f"{name}:{port}"), *head(token)[1:]]
-            verdict = harness.core.judge("POST", "/mcp", headers, port=allowed)
+            verdict = judge(harness.core, "POST", "/mcp", headers, port=allowed)
             assert isinstance(verdict, Admit), (name, port)
     for host in ("127.0.0.1:61235", "127.0.0.1", "evil.example:61234", "127.0.0.1:61234x"):
         headers = [("host", host), *head(token)[1:]]
-        verdict = harness.core.judge("POST", "/mcp", headers, port=allowed)
-        assert isinstance(verdict, Answer), host
+        verdict = judge(harness.core, "POST", "/mcp", headers, port=allowed)
+        assert isinstance(verdict, Response), host
         assert verdict.status == 403
     # A single port is the set of one: a forwarded port is not taken unless given.
     headers = [("host", "127.0.0.1:61234"), *head(token)[1:]]
-    assert isinstance(harness.core.judge("POST", "/mcp", headers, port=PORT), Answer)
+    assert isinstance(judge(harness.core, "POST", "/mcp", headers, port=PORT), Response)
 
 
 # --------------------------------------------------------------------------- messages
@@ -205,14 +219,14 @@ def test_a_request_needs_the_session_of_its_own_token():
     mine, theirs = harness.tokens.mint(), harness.tokens.mint()
     sid = harness.initialize(mine)
     missing = harness.post(mine, None, body("tools/list"))
-    assert isinstance(missing, Answer)
+    assert isinstance(missing, Response)
     assert missing.status == 400
     assert "Mcp-Session-Id" in rpc(missing)["error"]["message"]
     stolen = harness.post(theirs, sid, body("tools/list"))  # another token's session
-    assert isinstance(stolen, Answer)
+    assert isinstance(stolen, Response)
     assert stolen.status == 404
     made_up = harness.post(mine, "0" * 32, body("tools/list"))
-    assert isinstance(made_up, Answer)
+    assert isinstance(made_up, Response)
     assert made_up.status == 404
     assert "tools" in rpc(harness.post(mine, sid, body("tools/list")))["result"]
 
@@ -234,10 +248,10 @@ def test_unknown_methods_and_bad_messages_are_json_rpc_errors():
     answer = harness.core.post(
         harness.admit(token, sid, mcp_protocol_version="1999-01-01"), body("ping")
     )
-    assert isinstance(answer, Answer)
+    assert isinstance(answer, Response)
     assert answer.status == 400
     note = harness.post(token, sid, body("notifications/initialized", id=None))
-    assert note == Answer(202)
+    assert note == Response(202)
 
 
 def test_tools_list_offers_the_tokens_tools_with_schemas():
@@ -311,7 +325,7 @@ def test_delete_ends_a_session_of_its_own_token_only():
     harness = Harness()
     mine, theirs = harness.tokens.mint(), harness.tokens.mint()
     sid = harness.initialize(mine)
-    head_of = harness.core.judge
+    head_of = functools.partial(judge, harness.core)
     other = head_of("DELETE", "/mcp", head(theirs, mcp_session_id=sid), port=PORT)
     assert isinstance(other, Admit)
     assert harness.core.delete(other)[0].status == 404

@@ -229,11 +229,9 @@ class Approvals:
     """
 
     def __init__(self, hub: Hub, logs: LogChannel) -> None:
+        self._hub = hub
         self.policy = hub.config.policy
         self.audit = hub.audit
-        self._sessions = hub.sessions
-        self._deadlines = hub.deadlines
-        self._journal = hub.journal
         #: a child's request may be shown on its root's session (``Tree.present``)
         self._tree = hub.tree
         self._logs = logs
@@ -252,7 +250,7 @@ class Approvals:
         """An agent asks: decide by rule, deny when unattended, or ask the attached human."""
         agent_id = msg["id"]
         req = PermissionRequest.from_params(params)
-        parent = self._sessions.get(session.parent) if session.parent is not None else None
+        parent = self._hub.sessions.get(session.parent) if session.parent is not None else None
         client = session.client if session.client is not None else None
         if client is not None and client.closed:
             client = None
@@ -284,15 +282,16 @@ class Approvals:
         if not agent.running or agent.starts != life:
             await self.agent_gone(entry)
             return
-        journal = self._journal
+        journal = self._hub.journal
         if journal is not None:
             ask = entry.extra
             ask.key = f"{session.bridge_id}:{agent.name}:{agent_id}:{id(entry)}"
             journal.pending_added(ask.key, session.bridge_id, agent.name, json.dumps(params))
         deadline = trio.current_time() + self.policy.ask_timeout
-        self._deadlines.schedule(("ask", entry), deadline, functools.partial(self.timed_out, entry))
+        timeout = functools.partial(self.timed_out, entry)
+        self._hub.deadlines.schedule(("ask", entry), deadline, timeout)
         self.desk.add(entry, deadline)
-        if self._sessions.get(session.bridge_id) is not session:
+        if self._hub.sessions.get(session.bridge_id) is not session:
             await self.unattended(entry, "session_closed")  # closed or deleted meanwhile
             return
         owner = session.client
@@ -438,10 +437,10 @@ class Approvals:
         if ask.settled:
             return False
         ask.settled = True
-        self._deadlines.cancel(("ask", entry))
+        self._hub.deadlines.cancel(("ask", entry))
         self.desk.remove(ask)
-        if ask.key is not None and self._journal is not None:
-            self._journal.pending_removed(ask.key)
+        if ask.key is not None and self._hub.journal is not None:
+            self._hub.journal.pending_removed(ask.key)
         session = entry.session
         assert session is not None
         agent: AgentLink = entry.origin

@@ -82,10 +82,6 @@ class FromClient:
         approvals: Approvals,
     ) -> None:
         self._hub = hub
-        self._reply_error = hub.reply_error
-        self._agents = hub.agents
-        self._sessions = hub.sessions
-        self._counters = hub.counters
         self._session_requests = session_requests
         self._supervisor = supervisor
         self._listing = listing
@@ -102,12 +98,12 @@ class FromClient:
         ``Reverse.client_response``; what is over the size limit, unreadable or not JSON-RPC
         is answered with an error.
         """
-        self._counters["from_client"] += 1
+        self._hub.counters["from_client"] += 1
         tracer = self._hub.tracer
         if tracer is not None and isinstance(line, bytes):
             tracer(f"client:{client.name}", "in", line)
         if isinstance(line, Oversize):
-            await self._reply_error(
+            await self._hub.reply_error(
                 client,
                 None,
                 JsonRpcError.invalid_request(f"message of {line.size} bytes is over the limit"),
@@ -116,24 +112,24 @@ class FromClient:
         try:
             msg = loads(line)
         except JsonRpcError as exc:
-            await self._reply_error(client, None, exc)
+            await self._hub.reply_error(client, None, exc)
             return
         kind = classify(msg)
         if kind is Kind.REQUEST:
             try:
                 await self._request(client, msg)
             except JsonRpcError as exc:
-                await self._reply_error(client, msg["id"], exc)
+                await self._hub.reply_error(client, msg["id"], exc)
         elif kind is Kind.NOTIFICATION:
             await self._notification(client, msg)
         elif kind is Kind.RESPONSE:
             await self._reverse.client_response(client, msg)
         elif isinstance(msg, list):
-            await self._reply_error(
+            await self._hub.reply_error(
                 client, None, JsonRpcError.invalid_request("batches are not supported")
             )
         else:
-            await self._reply_error(client, id_of(msg), JsonRpcError.invalid_request())
+            await self._hub.reply_error(client, id_of(msg), JsonRpcError.invalid_request())
 
     async def _request(self, client: ClientLink, msg: JsonObject) -> None:
         """
@@ -175,13 +171,13 @@ class FromClient:
                         msg["id"],
                         {
                             "default": self._hub.default_agent,
-                            "agents": [a.describe() for a in self._agents.values()],
+                            "agents": [a.describe() for a in self._hub.agents.values()],
                         },
                     )
                 )
             )
         elif isinstance(params.get("sessionId"), str) and (
-            method.startswith("_") or self._sessions.get(params["sessionId"]) is not None
+            method.startswith("_") or self._hub.sessions.get(params["sessionId"]) is not None
         ):
             # What the bridge does not know goes to the session's agent, which answers it
             # (its own -32601 when it does not know it either).
@@ -197,11 +193,11 @@ class FromClient:
         """
         self._note_client(client, client_options(params_of(msg)))
         default_agent = self._hub.default_agent
-        default = self._agents[default_agent]
+        default = self._hub.agents[default_agent]
         try:
             await self._supervisor.ensure_ready(default)
         except JsonRpcError as exc:
-            await self._reply_error(client, msg["id"], exc)
+            await self._hub.reply_error(client, msg["id"], exc)
             return
         client.initialized = True
         answer = bridge_answer(
@@ -209,7 +205,7 @@ class FromClient:
             [a.capabilities for a in self._hub.agents.values()],
             default.auth_methods,
             default_agent,
-            list(self._agents),
+            list(self._hub.agents),
         )
         await client.send(dumps(rpc.result(msg["id"], answer)))
 
@@ -227,12 +223,12 @@ class FromClient:
         the client noted as :meth:`protocol.initialize` notes it, and the default agent, which that
         phase initialized, adopted now (its launch skips the handshake: ``engine.supervisor``).
         """
-        self._counters["from_client"] += 1
+        self._hub.counters["from_client"] += 1
         self._note_client(client, client_options(params_of(msg)))
         # (initialized before the agent's reader runs: what it wrote before its answer, stray
         # lines, reaches this client's log channel as what it writes later does)
         client.initialized = True
-        default = self._agents[self._hub.default_agent]
+        default = self._hub.agents[self._hub.default_agent]
         try:
             await self._supervisor.ensure_ready(default)
         except JsonRpcError as exc:  # (an adopted process does not fail to start: not expected)
@@ -251,10 +247,10 @@ class FromClient:
     def _selected_agent(self, params: JsonObject) -> AgentLink:
         """The agent ``params`` name in ``_meta.acp_bridge.agent``, else the default one."""
         name = agent_selector(params) or self._hub.default_agent
-        agent = self._agents.get(name)
+        agent = self._hub.agents.get(name)
         if agent is None:
             raise JsonRpcError.invalid_params(
-                f"unknown agent {name!r}; configured: {', '.join(self._agents)}"
+                f"unknown agent {name!r}; configured: {', '.join(self._hub.agents)}"
             )
         return agent
 
@@ -286,13 +282,13 @@ class FromClient:
         default_agent = self._hub.default_agent
         if name is None:
             method_id = params.get("methodId")
-            for candidate in (self._agents[default_agent], *self._agents.values()):
+            for candidate in (self._hub.agents[default_agent], *self._hub.agents.values()):
                 if candidate.state is AgentState.READY and any(
                     isinstance(m, dict) and m.get("id") == method_id for m in candidate.auth_methods
                 ):
                     name = candidate.name
                     break
-        agent = self._agents.get(name or default_agent)
+        agent = self._hub.agents.get(name or default_agent)
         if agent is None:
             raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
         if agent.state is not AgentState.READY:
@@ -342,13 +338,13 @@ class FromClient:
                 if not agent.send_nowait(dumps(cancel)):
                     self._hub.not_delivered(client, agent, method, None)
         elif method.startswith("_") and isinstance(params.get("sessionId"), str):
-            session = self._sessions.get(params["sessionId"])
+            session = self._hub.sessions.get(params["sessionId"])
             # Another connection's session is not this one's to act on: dropped, as a
             # notification cannot be refused (session/cancel does the same).
             if session is not None and session.client in (client, None):
                 if session.rewrite:
                     params["sessionId"] = session.agent_id
-                agent = self._agents[session.agent]
+                agent = self._hub.agents[session.agent]
                 if not agent.send_nowait(dumps(msg)):
                     self._hub.not_delivered(client, agent, method, session)
         # Any other notification is ignored, as the spec asks.

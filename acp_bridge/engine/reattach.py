@@ -46,9 +46,6 @@ class Reattach:
 
     def __init__(self, hub: Hub, logs: LogChannel, reverse: Reverse, approvals: Approvals) -> None:
         self._hub = hub
-        self._agents = hub.agents
-        self._sessions = hub.sessions
-        self._deadlines = hub.deadlines
         self._logs = logs
         self._reverse = reverse
         self._approvals = approvals
@@ -76,7 +73,7 @@ class Reattach:
         # The client's own requests stay out at the agents: their answers go to whoever
         # takes the session back (same ids: what the attach shim relies on), else nowhere.
         client.inflight.clear()
-        for session in self._sessions:
+        for session in self._hub.sessions:
             if session.client is client:
                 await self.detach(session)
         self._approvals.forget_client(client)
@@ -94,18 +91,18 @@ class Reattach:
         transitions.let_go(session, trio.current_time() + max(grace, 0.0))
         assert session.detach_deadline is not None
         session.log.info("session_detached", grace=grace)
-        self._deadlines.schedule(
+        self._hub.deadlines.schedule(
             ("detach", session), session.detach_deadline, functools.partial(self._expire, session)
         )
 
     async def _expire(self, session: Session) -> None:
         """Nobody took the session back in time: settle what waits on it, close it."""
         session.detach_deadline = None
-        agent = self._agents[session.agent]
+        agent = self._hub.agents[session.agent]
         for entry in list(session.parked):
             await self._reverse.answer_unattended(entry, "grace")
         session.parked.clear()
-        ours = self._sessions.owns_agent_id(session)  # (not if its id went to a new session)
+        ours = self._hub.sessions.owns_agent_id(session)  # (not if its id went to a new session)
         self.close_session(session)
         session.log.info("session_closed_after_grace")
         await self._logs.agent_log(
@@ -128,7 +125,7 @@ class Reattach:
 
     def close_session(self, session: Session, *, delete: bool = False) -> None:
         """A session ends here: out of the table, then :meth:`forget` (closed, or deleted)."""
-        self._sessions.remove(session)
+        self._hub.sessions.remove(session)
         self.forget(session, delete=delete)
 
     def kept_moved(self, old: str, new: str) -> None:
@@ -146,7 +143,7 @@ class Reattach:
         """A closed session: marked closed in the store (its journal kept); deleted: gone."""
         # (A grace period that was running must not close it a second time; its cancel
         # deadline is left to answer prompts the agent may still hold.)
-        self._deadlines.cancel(("detach", session))
+        self._hub.deadlines.cancel(("detach", session))
         journal = self._hub.journal
         if journal is not None:
             if delete:
@@ -154,7 +151,7 @@ class Reattach:
             else:
                 self._hub.persist(session, "closed")
                 # Kept for sessions export: a new session given its id must not write over it.
-                self._sessions.keep(session.bridge_id, session.agent, session.agent_id)
+                self._hub.sessions.keep(session.bridge_id, session.agent, session.agent_id)
 
     # ------------------------------------------------------------------ taking back
 
@@ -165,8 +162,8 @@ class Reattach:
         owner
         was shown are parked for the new one.
         """
-        self._deadlines.cancel(("detach", session))
-        agent = self._agents[session.agent]
+        self._hub.deadlines.cancel(("detach", session))
+        agent = self._hub.agents[session.agent]
         takeover = transitions.take_ownership(session, client, agent, agent.pending)
         for shown in takeover.shown:
             park(shown)
@@ -275,7 +272,7 @@ class Reattach:
 
     def _answers_owed(self, session: Session, client: ClientLink) -> list[JsonRpcId]:
         """Ids of requests whose answers will go to ``client`` once it owns the session."""
-        return transitions.answers_owed(session, client, self._agents[session.agent].pending)
+        return transitions.answers_owed(session, client, self._hub.agents[session.agent].pending)
 
     @staticmethod
     def stamped(client: ClientLink, seq: int, data: bytes) -> bytes:

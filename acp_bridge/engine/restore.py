@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 import trio
 
 from acp_bridge.protocol import jsonrpc as rpc
-from acp_bridge.protocol.jsonrpc import JsonRpcError, dumps
+from acp_bridge.protocol.jsonrpc import JsonRpcError, dumps, params_of
 from acp_bridge.sessions import transitions
 from acp_bridge.sessions.table import SessionState, capture_setup
 from acp_bridge.store.db import AuditRecord
 
 if TYPE_CHECKING:
     from acp_bridge.engine.hub import Hub
-    from acp_bridge.engine.links import AgentLink, ClientLink
+    from acp_bridge.engine.links import ClientLink
     from acp_bridge.engine.reattach import Reattach
     from acp_bridge.engine.subagents import Subagents
     from acp_bridge.engine.supervisor import Supervisor
@@ -79,18 +79,10 @@ class Restore:
         if rows or leftovers:
             self._hub.log.info("restored", sessions=len(self._hub.sessions), settled=len(leftovers))
 
-    async def stored_request(
-        self,
-        client: ClientLink,
-        msg: JsonObject,
-        params: JsonObject,
-        session: Session,
-        agent: AgentLink,
-    ) -> None:
+    async def stored_request(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
         """A session known only from the store (the bridge restarted)."""
-        method: str = msg["method"]
-        if method == "session/load":
-            self._hub.spawn(self._restore_session, client, msg, params, session, agent)
+        if msg["method"] == "session/load":
+            self._hub.spawn(self._restore_session, client, msg, session)
         elif not await self._closed(client, msg, session):
             why = self._hub.unrestorable.get(session.bridge_id)
             raise JsonRpcError.resource_not_found(
@@ -117,14 +109,7 @@ class Restore:
         await client.send(dumps(rpc.result(msg["id"], {})))
         return True
 
-    async def _restore_session(
-        self,
-        client: ClientLink,
-        msg: JsonObject,
-        params: JsonObject,
-        session: Session,
-        agent: AgentLink,
-    ) -> None:
+    async def _restore_session(self, client: ClientLink, msg: JsonObject, session: Session) -> None:
         """
         ``session/load`` after a restart: the agent restores the session when it can
         (``loadSession``: its own replay is relayed); otherwise — or when it fails — the load
@@ -133,6 +118,8 @@ class Restore:
         clear statement that the agent cannot continue it (``_meta.acp_bridge.restored:
         false`` with the reason; a prompt then fails with -32002).
         """
+        params = params_of(msg)
+        agent = self._hub.agents[session.agent]
         reason = f"agent {agent.name!r} does not support session/load"
         try:
             await self._supervisor.ensure_ready(agent)

@@ -47,10 +47,6 @@ class Reverse:
 
     def __init__(self, hub: Hub, approvals: Approvals) -> None:
         self._hub = hub
-        self._sessions = hub.sessions
-        self._config = hub.config
-        self._audit = hub.audit
-        self._log = hub.log
         #: a child's request may be shown on its root's session (``Tree.present``)
         self._tree = hub.tree
         self._approvals = approvals
@@ -145,7 +141,7 @@ class Reverse:
             agent.answer(dumps(rpc.error(agent_id, duplicate)))
             return
         sid = params.get("sessionId")
-        session = self._sessions.find(agent.name, sid) if isinstance(sid, str) else None
+        session = self._hub.sessions.find(agent.name, sid) if isinstance(sid, str) else None
         gate = CLIENT_METHOD_GATES.get(method)
         if gate is None and not method.startswith("_"):
             agent.answer(dumps(rpc.error(agent_id, JsonRpcError.method_not_found(method))))
@@ -162,7 +158,7 @@ class Reverse:
             )
             agent.answer(dumps(rpc.error(agent_id, err)))
             return
-        if self.requests_waiting(agent) >= self._config.bridge.max_agent_requests:
+        if self.requests_waiting(agent) >= self._hub.config.bridge.max_agent_requests:
             await self._refuse_over_limit(agent, msg, params, session)
             return
         if method == "session/request_permission":
@@ -216,7 +212,7 @@ class Reverse:
         inflight = agent.inflight
         parked = sum(
             1
-            for session in self._sessions.of_agent(agent.name)
+            for session in self._hub.sessions.of_agent(agent.name)
             for entry in session.parked
             if entry.origin is agent and entry.origin_id not in inflight
         )
@@ -230,10 +226,10 @@ class Reverse:
         answered at once (a permission ``cancelled``, audited; anything else an error), so an
         agent that asks without end of a client that never answers holds bounded memory.
         """
-        limit = self._config.bridge.max_agent_requests
+        limit = self._hub.config.bridge.max_agent_requests
         agent.requests_refused += 1
         method = msg["method"]
-        self._log.warning(
+        self._hub.log.warning(
             "agent_requests_over_limit",
             agent=agent.name,
             session=session.bridge_id,
@@ -256,7 +252,7 @@ class Reverse:
         self, agent: AgentLink, agent_id: JsonRpcId
     ) -> tuple[Session, Forwarded] | None:
         """The request of ``agent`` with that id waiting for a session's next owner, if any."""
-        for session in self._sessions.of_agent(agent.name):
+        for session in self._hub.sessions.of_agent(agent.name):
             for entry in session.parked:
                 if entry.origin is agent and entry.origin_id == agent_id:
                     return session, entry
@@ -275,15 +271,15 @@ class Reverse:
         if path is None and key == "cwd":
             return True  # terminal/create without a cwd: the client's default
         try:
-            params[key] = contain(path, session.roots, self._config.policy.deny_paths)
+            params[key] = contain(path, session.roots, self._hub.config.policy.deny_paths)
         except PathRefused as exc:
-            self._log.warning(
+            self._hub.log.warning(
                 "file_access_refused",
                 agent=agent.name,
                 session=session.bridge_id,
                 reason=exc.reason,
             )
-            await self._audit.record(
+            await self._hub.audit.record(
                 AuditRecord(
                     session=session.bridge_id,
                     agent=agent.name,
@@ -318,7 +314,7 @@ class Reverse:
         if entry.method == "elicitation/create":
             agent.answer(dumps(rpc.result(entry.origin_id, {"action": "decline"})))
             if entry.session is not None:
-                await self._audit.record(
+                await self._hub.audit.record(
                     AuditRecord(
                         session=entry.session.bridge_id,
                         agent=agent.name,
@@ -346,7 +342,7 @@ class Reverse:
         if entry is None:
             # Late (already settled by the bridge) or unknown: nothing is waiting on it.
             if not await self._approvals.late_answer(client, client_id):
-                self._log.debug("client_response_unmatched", id=client_id)
+                self._hub.log.debug("client_response_unmatched", id=client_id)
             return
         if isinstance(entry.extra, Ask):
             await self._approvals.client_answer(client, client_id, entry, msg)
@@ -357,7 +353,7 @@ class Reverse:
         msg["id"] = entry.origin_id
         if not agent.answer(dumps(msg)):
             # Not running any more (its requests died with it), or stalled (being stopped).
-            self._log.warning("response_not_delivered", agent=agent.name, method=entry.method)
+            self._hub.log.warning("response_not_delivered", agent=agent.name, method=entry.method)
 
 
 __all__ = ["ELICITATIONS_MAX", "Reverse"]

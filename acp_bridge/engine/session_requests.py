@@ -79,8 +79,6 @@ class SessionRequests:
         subagents: Subagents,
     ) -> None:
         self._hub = hub
-        self._agents = hub.agents
-        self._sessions = hub.sessions
         self._supervisor = supervisor
         self._from_agent = from_agent
         self._restore = restore
@@ -105,7 +103,7 @@ class SessionRequests:
         sid = params.get("sessionId")
         if not isinstance(sid, str):
             raise JsonRpcError.invalid_params("sessionId must be a string")
-        session = self._sessions.get(sid)
+        session = self._hub.sessions.get(sid)
         if session is None:
             if method in ("session/load", "session/resume"):
                 await self.load_unknown(client, msg, params, sid)
@@ -125,11 +123,11 @@ class SessionRequests:
             # Only the owner acts on a session (close and delete above all: the bridge serves
             # them itself for most agents); another connection must take it over first.
             raise attached_elsewhere(sid)
-        agent = self._agents[session.agent]
+        agent = self._hub.agents[session.agent]
         if session.state is SessionState.STORED:
-            await self._restore.stored_request(client, msg, params, session, agent)
+            await self._restore.stored_request(client, msg, session)
             return
-        if session.state is SessionState.ENDED and not self._sessions.owns_agent_id(session):
+        if session.state is SessionState.ENDED and not self._hub.sessions.owns_agent_id(session):
             await self._restore.reused_request(client, msg, session)
             return
         live = session.state is SessionState.ACTIVE and agent.state is AgentState.READY
@@ -243,15 +241,15 @@ class SessionRequests:
     ) -> None:
         """``session/load`` of an id the bridge never saw: ask the selected (or default) agent."""
         name = agent_selector(params) or self._hub.default_agent
-        agent = self._agents.get(name)
+        agent = self._hub.agents.get(name)
         if agent is None:
             raise JsonRpcError.invalid_params(f"unknown agent {name!r}")
-        session = transitions.bind_unknown(self._sessions, name, sid, params)
+        session = transitions.bind_unknown(self._hub.sessions, name, sid, params)
         if agent.state is AgentState.READY:
             try:
                 await self.forward_session_request(client, msg, params, session, agent)
             except JsonRpcError:
-                self._sessions.remove(session)  # it never went out: nothing to keep
+                self._hub.sessions.remove(session)  # it never went out: nothing to keep
                 raise
         else:
             self._supervisor.when_ready(
@@ -261,7 +259,7 @@ class SessionRequests:
                 functools.partial(
                     self.forward_session_request, client, msg, params, session, agent
                 ),
-                failed=functools.partial(self._sessions.remove, session),
+                failed=functools.partial(self._hub.sessions.remove, session),
             )
 
     async def _close_without_agent(

@@ -37,12 +37,11 @@ import attrs
 
 from acp_bridge.observe.redact import MASK, SECRET_NAME
 from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcError
+from acp_bridge.protocol.wire import PROTOCOL_VERSION  # (the only one this agent speaks)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-#: The only protocol version this agent speaks.
-PROTOCOL_VERSION: Final = 1
 #: Seconds between streamed chunks when run from the command line (a human sees it stream).
 DEFAULT_CHUNK_DELAY: Final = 0.02
 #: How many chunks ``slow`` streams.

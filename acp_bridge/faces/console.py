@@ -62,7 +62,7 @@ MAX_LIVE: Final = 32
 #: Seconds between snapshots when nothing changes.
 REFRESH: Final = 5.0
 #: Settlements remembered to tell a page (and a late click) who settled a request.
-SETTLED_REMEMBERED: Final = 256
+PAGE_SETTLED_REMEMBERED: Final = 256
 #: Settlements and audit decisions sent with each snapshot.
 SHOWN_SETTLED: Final = 50
 SHOWN_DECISIONS: Final = 20
@@ -122,7 +122,7 @@ class Console:
                 "option": names.get(settlement.option_id or "", settlement.option_id),
                 "time": time.time(),
             }
-            while len(self._settled) > SETTLED_REMEMBERED:
+            while len(self._settled) > PAGE_SETTLED_REMEMBERED:
                 self._settled.popitem(last=False)
         self._changed.set()
         self._changed = trio.Event()

@@ -455,10 +455,12 @@ def presented_bearer(head: RequestHead, *, query: bool) -> str | None:
     return values[0] if len(values) == 1 else None
 
 
-_BEARER: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
-_BAD_TOKEN: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),)
-_NO_TOKEN: Final = plain(401, "unauthorized: a bearer token is required", _BEARER)
-_WRONG_TOKEN: Final = plain(401, "unauthorized: wrong token", _BAD_TOKEN)
+BEARER_CHALLENGE: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
+BAD_TOKEN_CHALLENGE: Final = (
+    ("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),
+)
+_NO_TOKEN: Final = plain(401, "unauthorized: a bearer token is required", BEARER_CHALLENGE)
+_WRONG_TOKEN: Final = plain(401, "unauthorized: wrong token", BAD_TOKEN_CHALLENGE)
 
 
 @attrs.frozen

@@ -34,6 +34,8 @@ import attrs
 import orjson
 
 from acp_bridge.http.wire import (
+    BAD_TOKEN_CHALLENGE,
+    BEARER_CHALLENGE,
     Hosts,
     OriginRule,
     RequestHead,
@@ -45,6 +47,12 @@ from acp_bridge.http.wire import (
     presented_bearer,
 )
 from acp_bridge.mcp.tools import ALL_TOOLS, Invocation, check_arguments, error_result
+from acp_bridge.protocol.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -79,14 +87,6 @@ MAX_SESSIONS_PER_TOKEN: Final = 8
 MAX_CALLS_PER_SESSION: Final = 32
 
 _JSON: Final = "application/json"
-_BEARER: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge"'),)
-_BAD_TOKEN: Final = (("WWW-Authenticate", 'Bearer realm="acp-bridge", error="invalid_token"'),)
-
-# JSON-RPC error codes
-PARSE_ERROR: Final = -32700
-INVALID_REQUEST: Final = -32600
-METHOD_NOT_FOUND: Final = -32601
-INVALID_PARAMS: Final = -32602
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -194,11 +194,11 @@ class McpBearer:
 
     def authenticate(self, head: RequestHead, *, now: float) -> Response | Grant:
         if not head.values("authorization"):
-            return plain(401, "unauthorized: bearer token required", _BEARER)
+            return plain(401, "unauthorized: bearer token required", BEARER_CHALLENGE)
         presented = presented_bearer(head, query=False)
         grant = self.tokens.check(presented) if presented is not None else None
         if grant is None:
-            return plain(401, "unauthorized: unknown or revoked token", _BAD_TOKEN)
+            return plain(401, "unauthorized: unknown or revoked token", BAD_TOKEN_CHALLENGE)
         return grant
 
 

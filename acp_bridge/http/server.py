@@ -237,6 +237,7 @@ class EventStream:
         return False
 
 
+@attrs.define(eq=False)
 class Exchange:
     """
     One request, as its handler sees it.
@@ -245,20 +246,17 @@ class Exchange:
         head: the request head.
         principal: what the route's credential proved (None without one).
         log: the connection's logger.
+        detached: the handler took the connection (:meth:`take`) or wrote its own response
+            (:meth:`stream`): the server writes nothing more and closes it when it returns.
     """
 
-    def __init__(
-        self, reader: _Reader, head: RequestHead, principal: object, limits: Limits, log: Log
-    ) -> None:
-        self.head = head
-        self.principal = principal
-        self.log = log
-        self._reader = reader
-        self._limits = limits
-        self.body_read = False
-        #: the handler took the connection (:meth:`take`) or wrote its own response
-        #: (:meth:`stream`): the server writes nothing more and closes it when it returns
-        self.detached = False
+    _reader: _Reader
+    head: RequestHead
+    principal: object
+    _limits: Limits
+    log: Log
+    body_read: bool = attrs.field(default=False, init=False)
+    detached: bool = attrs.field(default=False, init=False)
 
     async def body(self, max_bytes: int, *, length_required: bool = False) -> bytes | Response:
         """

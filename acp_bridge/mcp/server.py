@@ -10,7 +10,7 @@ deadline (``call_timeout``, an ``isError`` result that says so); its token revok
 ``isError`` result: the session ended). The last three cancel the host's call; so does the
 first when the host is still working, which it cannot be. Every other wait is bounded too: a
 head in ``head_timeout``, a body in ``body_timeout`` (408 after), a write in ``send_timeout``
-(the connection is dropped after), at most ``max_connections`` at once (503 after).
+(the connection is dropped after), at most ``MCP_LIMITS.max_connections`` at once (503 after).
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ DEFAULT_CALL_TIMEOUT: Final = 3600.0
 TOKEN_ENV: Final = "ACP_BRIDGE_MCP_TOKEN"
 
 
+#: The endpoint's bounds: what a request may still send after its answer is a body (drained
+#: before closing), and a connection past the cap is answered 503.
+MCP_LIMITS: Final = Limits(
+    max_connections=256, linger_bytes=MAX_BODY_BYTES, busy=plain(503, "busy")
+)
+
+
 class McpEndpoint:
     """
     The MCP server of one bridge: its tokens and its loopback listener.
@@ -76,10 +83,7 @@ class McpEndpoint:
         *,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         path: str = "/mcp",
-        max_connections: int = 256,
-        head_timeout: float = 10.0,
-        body_timeout: float = 30.0,
-        send_timeout: float = 10.0,
+        limits: Limits = MCP_LIMITS,
     ) -> None:
         self.host = host
         self.call_timeout = call_timeout
@@ -94,15 +98,6 @@ class McpEndpoint:
         #: agent name -> the remote port its ssh connection forwards here (one per agent: a
         #: relaunch replaces it, so the set ``Host`` may name is bounded by the agents)
         self.forwarded: dict[str, int] = {}
-        limits = Limits(
-            head_timeout=head_timeout,
-            body_timeout=body_timeout,
-            send_timeout=send_timeout,
-            max_connections=max_connections,
-            # (what a request may still send after its answer: a body, drained before closing)
-            linger_bytes=MAX_BODY_BYTES,
-            busy=plain(503, "busy"),
-        )
         self._http = HttpServer(self.core.site(self._post, self._delete), limits, name="mcp")
         # (MCP session id, JSON-RPC id) -> the call's scope, and why it was cancelled
         self._calls: dict[tuple[str, object], tuple[trio.CancelScope, list[str]]] = {}

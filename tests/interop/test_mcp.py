@@ -14,12 +14,13 @@ import shutil
 import sys
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 import trio
 import trio.testing
 
-from acp_bridge.mcp.server import TOKEN_ENV, McpEndpoint
+from acp_bridge.mcp.server import MCP_LIMITS, TOKEN_ENV, McpEndpoint
 from acp_bridge.mcp.tools import ALL_TOOLS, AgentInfo, ChildStatus, ToolError
 from acp_bridge.protocol.framing import LineDecoder
 from tests.support.peers.npm import INSTALL, npm_peer_dir
@@ -344,7 +345,7 @@ async def test_delete_ends_the_mcp_session_and_its_calls(nursery, autojump_clock
 
 @bounded
 async def test_slow_or_oversized_requests_are_bounded(nursery, autojump_clock):
-    endpoint = McpEndpoint(FakeHost(), head_timeout=10, body_timeout=30)
+    endpoint = McpEndpoint(FakeHost())
     token = bound(endpoint, "p")
     # a head that never ends: the connection is closed, unanswered, after head_timeout
     start = trio.current_time()
@@ -375,7 +376,7 @@ async def test_slow_or_oversized_requests_are_bounded(nursery, autojump_clock):
 @bounded
 async def test_connections_at_once_are_bounded(nursery, autojump_clock):
     host = FakeHost()
-    endpoint = McpEndpoint(host, max_connections=2)
+    endpoint = McpEndpoint(host, limits=attrs.evolve(MCP_LIMITS, max_connections=2))
     token = bound(endpoint, "p")
     sid = await open_session(endpoint, nursery, token)
     slow = Conn(endpoint, nursery)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+import attrs
+
 from acp_bridge.engine import status as status_report
 from acp_bridge.engine.links import AgentState
 from acp_bridge.protocol import jsonrpc as rpc
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from acp_bridge.engine.supervisor import Supervisor
 
 
+@attrs.define(eq=False)
 class FromClient:
     """
     A client's lines: decoded, dispatched, answered or sent on to an agent.
@@ -71,23 +74,13 @@ class FromClient:
         approvals: the permission requests settled so far (for ``_acp_bridge/status``).
     """
 
-    def __init__(
-        self,
-        hub: Hub,
-        session_requests: SessionRequests,
-        supervisor: Supervisor,
-        listing: Listing,
-        cancel: Cancel,
-        reverse: Reverse,
-        approvals: Approvals,
-    ) -> None:
-        self._hub = hub
-        self._session_requests = session_requests
-        self._supervisor = supervisor
-        self._listing = listing
-        self._cancel = cancel
-        self._reverse = reverse
-        self._approvals = approvals
+    _hub: Hub
+    _session_requests: SessionRequests
+    _supervisor: Supervisor
+    _listing: Listing
+    _cancel: Cancel
+    _reverse: Reverse
+    _approvals: Approvals
 
     async def line(self, client: ClientLink, line: bytes | Oversize) -> None:
         """

@@ -38,6 +38,8 @@ PURE_GLOBS: tuple[str, ...] = (
     "http.wire",
     "mcp.core",
     "mcp.tools",
+    "observe.summary",
+    "observe.sequence*",
     "*core",
 )
 

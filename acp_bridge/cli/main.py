@@ -117,9 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     trace = sub.add_parser("trace", help="read wire traces (written with --trace)")
     trace_sub = trace.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
-    show = trace_sub.add_parser("show", help="print a trace readably, grouped per session")
+    show = trace_sub.add_parser(
+        "show", help="print a trace readably, grouped per session, or as a sequence view (--html)"
+    )
     show.add_argument("file", metavar="FILE")
     show.add_argument("--session", metavar="ID", help="only this session")
+    show.add_argument(
+        "--html",
+        action="store_true",
+        help="write one self-contained HTML page: lanes, one arrow per message",
+    )
+    show.add_argument(
+        "--output", metavar="OUT", help="with --html: write the page to OUT (default: stdout)"
+    )
+    show.add_argument(
+        "--limit",
+        metavar="N",
+        type=_count,
+        help="with --html: the first N messages, the rest counted "
+        "(default: 10000; 0: every message)",
+    )
 
     audit = sub.add_parser("audit", help="print the audit trail of approval decisions")
     _add_agent_source(audit)
@@ -192,6 +209,31 @@ def _port(text: str) -> int:
     return port
 
 
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}")
+    return n
+
+
+def _trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``trace show``: the text rendering, or with ``--html`` the sequence view's page."""
+    if args.html:
+        from acp_bridge.observe.sequence import DEFAULT_LIMIT
+        from acp_bridge.observe.sequence_html import main_trace_html
+
+        limit = DEFAULT_LIMIT if args.limit is None else (args.limit or None)
+        return main_trace_html(args.file, output=args.output, session=args.session, limit=limit)
+    if args.output is not None or args.limit is not None:
+        parser.error("trace show: --output and --limit go with --html")
+    from acp_bridge.observe.trace import main_trace
+
+    return main_trace(args.file, session=args.session)
+
+
 def _add_v2(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--experimental-v2",
@@ -257,9 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return main_status(args)
     if args.command == "trace":
-        from acp_bridge.observe.trace import main_trace
-
-        return main_trace(args.file, session=args.session)
+        return _trace(parser, args)
 
     protocol_fd = None
     prespawned = None

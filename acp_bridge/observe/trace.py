@@ -13,7 +13,9 @@ redactor knows (agents' secret env values, MCP server secrets, the daemon's toke
 replaced with ``***``.
 
 :class:`WireTrace` is the tracer the bridge calls for every message: it never blocks and
-never raises. :func:`render_trace` (pure) is ``acp-bridge trace show``.
+never raises. :func:`render_trace` (pure) is ``acp-bridge trace show``; its one-line
+summaries of messages are ``observe.summary``'s, shared with the sequence view
+(``trace show --html``: ``observe.sequence``, ``observe.sequence_html``).
 
 Backpressure:
     None towards the bridge, by design: records wait in a queue of at most
@@ -38,6 +40,8 @@ from typing import IO, TYPE_CHECKING, Any, Final, NamedTuple
 import attrs
 import structlog
 import trio
+
+from acp_bridge.observe.summary import excerpt, request_summary, response_summary, session_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -350,8 +354,6 @@ async def open_wire_trace(
 
 # --- trace show: the pure rendering ------------------------------------------------------------
 
-#: Text excerpts in rendered lines, at most (characters).
-EXCERPT: Final = 60
 _CONNECTION: Final = "connection"
 
 
@@ -464,92 +466,28 @@ def _describe(
     its request did not (``session/new``) moves the request into that session too.
     """
     if not isinstance(msg, dict):
-        return None, f"(not an object) {_excerpt(json.dumps(msg))}"
+        return None, f"(not an object) {excerpt(json.dumps(msg))}"
     if set(msg) == {"raw"}:
-        return None, f"(not JSON) {_excerpt(str(msg['raw']))}"
+        return None, f"(not JSON) {excerpt(str(msg['raw']))}"
     params = msg.get("params")
     params = params if isinstance(params, dict) else {}
     method = msg.get("method")
     if isinstance(method, str):
-        sid = _sid(params)
+        sid = session_of(params)
         if "id" in msg:
             requests[(link, direction, _key(msg["id"]))] = (sid, method, index)
-        summary = _request_summary(method, params)
+        summary = request_summary(method, params)
         return sid, f"{method}  {summary}".rstrip()
     asked = requests.pop((link, "out" if direction == "in" else "in", _key(msg.get("id"))), None)
     sid, method, asked_at = asked if asked is not None else (None, "", -1)
     result = msg.get("result")
-    if isinstance(result, dict) and _sid(result) is not None:
-        sid = _sid(result)
+    if isinstance(result, dict) and session_of(result) is not None:
+        sid = session_of(result)
         if asked_at >= 0 and entries[asked_at][1] is None:
             request = entries[asked_at]
             entries[asked_at] = (request[0], sid, *request[2:])
     head = f"response id {json.dumps(msg.get('id'))}" + (f" ({method})" if method else "")
-    return sid, f"{head}  {_response_summary(method, msg)}".rstrip()
-
-
-def _request_summary(method: str, params: JsonObject) -> str:
-    if method == "session/update":
-        update = params.get("update")
-        if not isinstance(update, dict):
-            return ""
-        kind = str(update.get("sessionUpdate", "?"))
-        detail = _text_of(update.get("content"))
-        if detail is None and kind == "tool_call_update":
-            detail = " ".join(str(update[k]) for k in ("toolCallId", "status") if k in update)
-        if detail is None:
-            detail = update.get("title")
-        if detail is None and isinstance(update.get("entries"), list):
-            detail = f"{len(update['entries'])} entries"
-        return f"{kind} {_excerpt(detail)}" if detail is not None else kind
-    if method == "session/prompt":
-        prompt = params.get("prompt")
-        texts = [_text_of(block) for block in prompt] if isinstance(prompt, list) else []
-        return _excerpt(" ".join(t for t in texts if t))
-    if method == "session/request_permission":
-        call = params.get("toolCall")
-        call = call if isinstance(call, dict) else {}
-        return f"{_excerpt(call.get('title'))} ({call.get('kind', '?')})"
-    if method == "_acp_bridge/log":
-        data = params.get("data")
-        message = data.get("message") if isinstance(data, dict) else None
-        return f"{params.get('level', '?')} {_excerpt(message)}"
-    if method in ("fs/read_text_file", "fs/write_text_file"):
-        return str(params.get("path", ""))
-    if method == "session/new":
-        return f"cwd {params.get('cwd', '?')}"
-    return ""
-
-
-def _response_summary(method: str, msg: JsonObject) -> str:
-    error = msg.get("error")
-    if isinstance(error, dict):
-        return f"error {error.get('code')}: {_excerpt(error.get('message'))}"
-    result = msg.get("result")
-    if not isinstance(result, dict):
-        return "ok"
-    outcome = result.get("outcome")
-    if method == "session/request_permission" or isinstance(outcome, dict):
-        if isinstance(outcome, dict):
-            chosen = outcome.get("optionId")
-            return f"outcome {outcome.get('outcome', '?')}" + (f" {chosen}" if chosen else "")
-        return "outcome ?"
-    if "stopReason" in result:
-        return f"stopReason {result['stopReason']}"
-    if isinstance(result.get("sessionId"), str):
-        return f"sessionId {result['sessionId']}"
-    return "ok"
-
-
-def _text_of(block: object) -> str | None:
-    if isinstance(block, dict) and isinstance(block.get("text"), str):
-        return str(block["text"])
-    return None
-
-
-def _sid(params: JsonObject) -> str | None:
-    sid = params.get("sessionId")
-    return sid if isinstance(sid, str) else None
+    return sid, f"{head}  {response_summary(method, msg)}".rstrip()
 
 
 def _key(id_: object) -> str:
@@ -562,15 +500,6 @@ def _int(value: object) -> int:
 
 def _stamp(seconds: float) -> str:
     return f"+{seconds:.3f}s".rjust(9)
-
-
-def _excerpt(value: object) -> str:
-    if value is None:
-        return ""
-    text = str(value).replace("\n", "⏎")
-    if len(text) > EXCERPT:
-        text = text[: EXCERPT - 1] + "…"
-    return json.dumps(text, ensure_ascii=False)
 
 
 def main_trace(path: str, *, session: str | None = None) -> int:

@@ -101,19 +101,18 @@ class Reverse:
         entry = client.pending.get(client_id)
         if entry is None:
             return
-        ask = isinstance(entry.extra, Ask)
-        if not ask:
-            # Settled before anything yields: an answer the client sends meanwhile is late.
-            client.pending.pop(client_id)
-            agent.inflight.pop(request_id, None)
-            if entry.session is not None:
-                entry.session.pending_permissions.discard(client_id)
-            withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
-            agent.send_nowait(dumps(rpc.error(request_id, withdrawn)))
-        await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
-        if ask:
-            # (Exactly once: a no-op if the client's answer settled it meanwhile.)
+        if isinstance(entry.extra, Ask):
+            # The settlement withdraws it from every client it is shown to.
             await self._approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
+            return
+        # Settled before anything yields: an answer the client sends meanwhile is late.
+        client.pending.pop(client_id)
+        agent.inflight.pop(request_id, None)
+        if entry.session is not None:
+            entry.session.pending_permissions.discard(client_id)
+        withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
+        agent.send_nowait(dumps(rpc.error(request_id, withdrawn)))
+        await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
 
     async def _withdraw_parked(self, agent: AgentLink, request_id: JsonRpcId) -> None:
         """A withdrawn request parked for a reattach: answered now, never shown again."""

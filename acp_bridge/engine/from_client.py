@@ -40,7 +40,7 @@ from acp_bridge.protocol.jsonrpc import (
     loads,
     params_of,
 )
-from acp_bridge.protocol.wire import bridge_meta, id_of, is_id
+from acp_bridge.protocol.wire import CLIENT_NOTIFICATIONS, bridge_meta, id_of, is_id
 from acp_bridge.sessions.table import Setup, roots_of
 
 if TYPE_CHECKING:
@@ -133,8 +133,9 @@ class FromClient:
 
     async def _request(self, client: ClientLink, msg: JsonObject) -> None:
         """
-        A client's request, by method: ``initialize`` first; a session's requests (and
-        unknown ones naming a session) to ``SessionRequests.request``; the others here.
+        A client's request, by method: ``initialize`` first; a notification sent as a request
+        taken as the notification, then answered ``null``; a session's requests (and unknown
+        ones naming a session) to ``SessionRequests.request``; the others here.
         Raises JsonRpcError to be answered under the request's id.
         """
         method: str = msg["method"]
@@ -143,6 +144,12 @@ class FromClient:
             return
         if not client.initialized:
             raise JsonRpcError.invalid_request("the first request must be initialize")
+        if method in CLIENT_NOTIFICATIONS:
+            # A notification sent as a request: it takes effect as the notification (never
+            # forwarded with its id: an agent need not answer it), then it is answered null.
+            await self._notification(client, {k: v for k, v in msg.items() if k != "id"})
+            await client.send(dumps(rpc.result(msg["id"], None)))
+            return
         params = params_of(msg)
         if method in SESSION_METHODS:
             await self._session_requests.request(client, msg, params)

@@ -89,7 +89,7 @@ async def test_a_request_that_times_out_is_withdrawn(autojump_clock, extensions)
         else:
             assert extension_methods(client) == []
         await late_answer_is_dropped_and_audited(client, bridge, shown["id"])
-        check_all(client.received)
+        check_all(client.received, client.asked)
 
 
 async def test_a_stock_client_is_withdrawn_the_request_when_the_agent_dies():
@@ -107,7 +107,7 @@ async def test_a_stock_client_is_withdrawn_the_request_when_the_agent_dies():
         assert extension_methods(client) == []
         assert bridge.hub.audit.recent[-1].source == "agent_exit"
         await late_answer_is_dropped_and_audited(client, bridge, shown["id"])
-        check_all(client.received)
+        check_all(client.received, client.asked)
 
 
 async def test_a_request_the_agent_withdraws_is_withdrawn_from_the_client_once():
@@ -124,7 +124,7 @@ async def test_a_request_the_agent_withdraws_is_withdrawn_from_the_client_once()
         assert withdrawals(client) == [shown["id"]]
         assert extension_methods(client) == []
         assert bridge.hub.audit.recent[-1].source == "agent_cancel"
-        check_all(client.received)
+        check_all(client.received, client.asked)
 
 
 async def test_a_cancelled_turn_withdraws_its_requests():
@@ -140,7 +140,7 @@ async def test_a_cancelled_turn_withdraws_its_requests():
         assert extension_methods(client) == []
         assert bridge.hub.audit.recent[-1].source == "cancel"
         await late_answer_is_dropped_and_audited(client, bridge, shown["id"])
-        check_all(client.received)
+        check_all(client.received, client.asked)
 
 
 async def test_a_console_answer_withdraws_the_request_from_the_client():
@@ -157,7 +157,7 @@ async def test_a_console_answer_withdraws_the_request_from_the_client():
         assert withdrawals(client) == [shown["id"]]
         assert extension_methods(client) == []
         await late_answer_is_dropped_and_audited(client, bridge, shown["id"])
-        check_all(client.received)
+        check_all(client.received, client.asked)
 
 
 async def test_a_connection_that_takes_the_session_over_gets_the_request_and_the_old_one_loses_it():
@@ -186,8 +186,9 @@ async def test_a_connection_that_takes_the_session_over_gets_the_request_and_the
         assert second.updates(sid)[-1] == "a:outcome:no"
         # (the old connection's prompt was answered "taken over"; the turn is the new one's)
         assert answers[0]["error"]["code"] == -32800
-        check_all(first.received)
-        check_all(second.received)
+        check_all(first.received, first.asked)
+        # (the prompt first asked is answered to second, which took its session over)
+        check_all(second.received, {**first.asked, **second.asked})
         n.cancel_scope.cancel()
 
 

@@ -37,6 +37,7 @@ from acp_bridge.policy.containment import PathRefused, contain, denied
 from acp_bridge.policy.rules import Action, Decision, PermissionRequest, choose_option, decide
 from acp_bridge.policy.rules import reject_option as _reject_option
 from acp_bridge.protocol.jsonrpc import dumps, notification, request, result
+from acp_bridge.protocol.notices import policy_notice
 from acp_bridge.sessions.table import Forwarded
 from acp_bridge.sessions.topic import Topic
 from acp_bridge.store.db import AuditRecord
@@ -268,6 +269,7 @@ class Approvals:
         if ruling is not None:
             outcome, source, detail = ruling
             await self._answer(agent, agent_id, outcome, req, session, source=source, detail=detail)
+            self._told(session, req, outcome, source, detail)
             if source == "unattended" and client is not None:
                 await self._logs.send_log(
                     client,
@@ -316,6 +318,7 @@ class Approvals:
         req = PermissionRequest.from_params(params)
         cancelled, source = _selected(None), "max_agent_requests"
         await self._answer(agent, msg["id"], cancelled, req, session, source=source, detail=why)
+        self._told(session, req, cancelled, source, why)
 
     async def show(self, entry: Forwarded, client: ClientLink, *, note: str | None = None) -> None:
         """Put a request to a client (first time, after a reattach, or asked again)."""
@@ -390,12 +393,11 @@ class Approvals:
     async def timed_out(self, entry: Forwarded) -> None:
         """Nobody answered in time: deny. A timeout never grants."""
         ask: Ask = entry.extra
-        await self.settle(
-            entry,
-            _selected(_reject_option(ask.request.options)),
-            source="timeout",
-            detail=f"no answer within {self.policy.ask_timeout:g}s",
-        )
+        outcome = _selected(_reject_option(ask.request.options))
+        detail = f"no answer within {self.policy.ask_timeout:g}s"
+        if await self.settle(entry, outcome, source="timeout", detail=detail):
+            assert entry.session is not None
+            self._told(entry.session, ask.request, outcome, "timeout", detail)
 
     async def settle_session(self, session: Session, source: str) -> None:
         """``session/cancel`` (or close): every pending request of the session → cancelled."""
@@ -576,6 +578,24 @@ class Approvals:
         settled[client_id] = None
         if len(settled) > SETTLED_REMEMBERED:
             settled.popitem(last=False)
+
+    def _told(
+        self,
+        session: Session,
+        req: PermissionRequest,
+        outcome: JsonObject,
+        source: str,
+        detail: str | None,
+    ) -> None:
+        """
+        A request the policy answered without a human, other than an allow: the session's
+        client is told why (a notice, if it takes them). An allow by a rule is what the user
+        configured and the tool call then shows itself: a notice for each would drown the
+        rest.
+        """
+        verdict, _ = _verdict(outcome, req)
+        if verdict != "allow":
+            self._logs.notice(session, policy_notice(req.title, verdict, source, detail))
 
     # ------------------------------------------------------------------ audit
 

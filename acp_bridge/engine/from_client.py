@@ -278,10 +278,10 @@ class FromClient:
         self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
     ) -> None:
         self._hub.redactor.add_mcp_servers(params.get("mcpServers"))
-        self._hub.strip_setup(agent, params)
+        stripped = self._hub.strip_setup(agent, params)
         agent.new_in_flight += 1
         setup = Setup(roots_of(params), bridge_meta(params).get("unattended") is True)
-        await self._session_requests.forward(client, msg, agent, None, setup)
+        await self._session_requests.forward(client, msg, agent, None, setup, stripped=stripped)
 
     async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``authenticate``: to the named agent, else the first ready one offering the method."""

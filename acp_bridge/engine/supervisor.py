@@ -28,6 +28,7 @@ from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.diagnostics import guess_level
 from acp_bridge.protocol.initialize import agent_fields, agent_params
 from acp_bridge.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
+from acp_bridge.protocol.notices import exit_notice, restart_notice
 from acp_bridge.protocol.wire import PROTOCOL_VERSION
 from acp_bridge.runtime import pipes
 from acp_bridge.sessions.table import SessionState
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from acp_bridge.engine.links import AgentLink
     from acp_bridge.engine.log_channel import LogChannel
     from acp_bridge.engine.subagents import Subagents
+    from acp_bridge.sessions.table import Session
 
 #: how long to wait for an exited agent's status before failing its requests without it
 EXIT_STATUS_WAIT: Final = 0.25
@@ -107,6 +109,12 @@ class Supervisor:
             agent.settled = trio.Event()
             agent.start_error = None
             self._hub.spawn(self._agent_life, agent, delay)
+            if agent.starts:
+                # Its sessions that ended with its last life: their clients see it come back.
+                ended = [
+                    s for s in self._sessions.of_agent(agent.name) if s.state is SessionState.ENDED
+                ]
+                self._logs.agent_notice(agent, restart_notice(agent.name, delay), ended)
 
     def when_ready(
         self,
@@ -222,8 +230,24 @@ class Supervisor:
                 f"agent {reason} (status {agent.exit_status})",
                 stream=None,
             )
+            # (Not when the bridge stops it: its clients are going too.)
+            told = agent.state is not AgentState.STOPPING and not self._hub.stopping
+            live = [
+                s
+                for s in self._sessions.of_agent(agent.name)
+                if s.state in (SessionState.ACTIVE, SessionState.LOADING)
+            ]
             await self.agent_gone(agent, reason=reason)
+            if told:
+                self._exit_notice(agent, reason, live)
             nursery.cancel_scope.cancel()
+
+    def _exit_notice(self, agent: AgentLink, reason: str, sessions: list[Session]) -> None:
+        """The sessions that ended with the agent are told, and whether it comes back."""
+        verdict = agent.restarts.next_start(trio.current_time())
+        crash_loop = (verdict.deaths, verdict.window) if isinstance(verdict, CrashLoop) else None
+        notice = exit_notice(agent.name, agent.exit_status, reason, crash_loop)
+        self._logs.agent_notice(agent, notice, sessions)
 
     async def _run_launcher(
         self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]

@@ -269,7 +269,9 @@ def startup_summary(
 
 #: What agents of the daemon are told their client can do. Clients come and go and differ;
 #: the bridge relays these to whichever client holds the session, and refuses a call (-32601
-#: to the agent) when that client did not advertise it.
+#: to the agent) when that client did not advertise it. Not ``session.notices``: a notice
+#: cannot be refused, only dropped unseen for a client without it, where the agent would
+#: otherwise have said the same in a message every client shows.
 DAEMON_AGENT_CAPABILITIES: Final = {
     "fs": {"readTextFile": True, "writeTextFile": True},
     "terminal": True,

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from acp_bridge.engine.links import AgentLink
     from acp_bridge.engine.log_channel import LogChannel
     from acp_bridge.engine.subagents import Subagents
-    from acp_bridge.sessions.table import Session
 
 #: how long to wait for an exited agent's status before failing its requests without it
 EXIT_STATUS_WAIT: Final = 0.25
@@ -230,24 +229,19 @@ class Supervisor:
                 f"agent {reason} (status {agent.exit_status})",
                 stream=None,
             )
-            # (Not when the bridge stops it: its clients are going too.)
-            told = agent.state is not AgentState.STOPPING and not self._hub.stopping
-            live = [
-                s
-                for s in self._sessions.of_agent(agent.name)
-                if s.state in (SessionState.ACTIVE, SessionState.LOADING)
-            ]
+            # (Not when the bridge stops it: its clients are going too. Before the errors of
+            # what waited on it: the user reads why first.)
+            if agent.state is not AgentState.STOPPING and not self._hub.stopping:
+                self._exit_notice(agent, reason)
             await self.agent_gone(agent, reason=reason)
-            if told:
-                self._exit_notice(agent, reason, live)
             nursery.cancel_scope.cancel()
 
-    def _exit_notice(self, agent: AgentLink, reason: str, sessions: list[Session]) -> None:
-        """The sessions that ended with the agent are told, and whether it comes back."""
-        verdict = agent.restarts.next_start(trio.current_time())
+    def _exit_notice(self, agent: AgentLink, reason: str) -> None:
+        """The sessions that end with the agent are told, and whether it comes back."""
+        verdict = agent.restarts.next_start(trio.current_time(), dying=True)
         crash_loop = (verdict.deaths, verdict.window) if isinstance(verdict, CrashLoop) else None
         notice = exit_notice(agent.name, agent.exit_status, reason, crash_loop)
-        self._logs.agent_notice(agent, notice, sessions)
+        self._logs.agent_notice(agent, notice)
 
     async def _run_launcher(
         self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]
@@ -354,6 +348,15 @@ class Supervisor:
         err = JsonRpcError(
             INTERNAL_ERROR, f"agent {agent.name!r} {reason}{status}", agent.failure_data()
         )
+        # Its requests withdrawn from the clients first, then what waited on it answered.
+        for agent_id, (client, client_id) in list(agent.inflight.items()):
+            shown = client.pending.get(client_id)
+            if shown is not None and isinstance(shown.extra, Ask):
+                await self._approvals.agent_gone(shown)
+                continue
+            del agent.inflight[agent_id]
+            client.pending.pop(client_id)
+            await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
         for _, entry in agent.pending.drain():
             if isinstance(entry, Waiter):
                 entry.set(rpc.error(None, err))
@@ -370,14 +373,6 @@ class Supervisor:
                     session.log.warning("held_response_dropped")
                 continue
             await client.send(answer)
-        for agent_id, (client, client_id) in list(agent.inflight.items()):
-            shown = client.pending.get(client_id)
-            if shown is not None and isinstance(shown.extra, Ask):
-                await self._approvals.agent_gone(shown)
-                continue
-            del agent.inflight[agent_id]
-            client.pending.pop(client_id)
-            await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
         for session in self._sessions.of_agent(agent.name):
             session.state = SessionState.ENDED
             for entry in list(session.parked):

@@ -57,9 +57,12 @@ class Restarts:
         """The agent died (or failed to start) at ``now``."""
         self._deaths.append(now)
 
-    def next_start(self, now: float) -> float | CrashLoop:
-        """Seconds to wait before starting it at ``now`` (0.0: at once), or :class:`CrashLoop`."""
-        recent = sum(1 for t in self._deaths if now - t < self.window)
+    def next_start(self, now: float, *, dying: bool = False) -> float | CrashLoop:
+        """
+        Seconds to wait before starting it at ``now`` (0.0: at once), or :class:`CrashLoop`;
+        ``dying``: as if it died at ``now`` too (what its death, not yet recorded, will mean).
+        """
+        recent = sum(1 for t in self._deaths if now - t < self.window) + dying
         if recent >= self.limit:
             return CrashLoop(deaths=recent, window=self.window)
         if not recent:

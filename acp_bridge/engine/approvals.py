@@ -5,10 +5,12 @@ Approvals: every ``session/request_permission`` passes one policy, and ends exac
 rules say. Then the rules decide (``policy.rules.decide``, pure). What they leave to a human is
 shown to the client attached to the session, under a deadline; nobody attached (or a session
 declared unattended) means deny. Whatever settles a request (the client, a rule,
-``session/cancel``, the deadline, the end of a detach grace period, the agent's exit),
-:meth:`Approvals.settle` is the only way out: it answers the agent once, tells a client that
-was shown the request and did not answer it (``_acp_bridge/permission_resolved``), and writes
-one audit record. A late or second answer is refused and audited. **A timeout never grants.**
+``session/cancel``, the deadline, the end of a detach grace period, the agent's exit or its
+withdrawal, the console), :meth:`Approvals.settle` is the only way out: it answers the agent
+once, withdraws the request from every client that was shown it and did not answer it
+(``$/cancel_request``, standard ACP; ``_acp_bridge/permission_resolved`` too for a client that
+knows the bridge's extensions), and writes one audit record. A late or second answer is
+refused and audited. **A timeout never grants.**
 
 Every request put to a human is also listed for the approval console (:class:`Desk`: what
 waits, and a topic as each starts and ends) and may be answered from there
@@ -35,6 +37,7 @@ from acp_bridge.policy.containment import PathRefused, contain, denied
 from acp_bridge.policy.rules import Action, Decision, PermissionRequest, choose_option, decide
 from acp_bridge.policy.rules import reject_option as _reject_option
 from acp_bridge.protocol.jsonrpc import dumps, notification, request, result
+from acp_bridge.protocol.notices import policy_notice
 from acp_bridge.sessions.table import Forwarded
 from acp_bridge.sessions.topic import Topic
 from acp_bridge.store.db import AuditRecord
@@ -66,8 +69,9 @@ class Ask:
     request: PermissionRequest
     #: file digests taken when the request came, for an edit (path → sha256, None: missing)
     digests: dict[str, str | None] | None = None
-    #: the client and id it is shown under now (None: parked, waiting for a client)
-    shown: tuple[ClientLink, int] | None = None
+    #: the clients it is shown to now, each with its own id for it (empty: parked, waiting
+    #: for a client); a set of them, not one: whatever settles it withdraws it from each
+    shown: dict[ClientLink, int] = attrs.field(factory=dict)
     reasked: bool = False
     settled: bool = False
     #: its key in the store's pending approvals (None: not recorded)
@@ -265,6 +269,7 @@ class Approvals:
         if ruling is not None:
             outcome, source, detail = ruling
             await self._answer(agent, agent_id, outcome, req, session, source=source, detail=detail)
+            self._told(session, req, outcome, source, detail)
             if source == "unattended" and client is not None:
                 await self._logs.send_log(
                     client,
@@ -313,6 +318,7 @@ class Approvals:
         req = PermissionRequest.from_params(params)
         cancelled, source = _selected(None), "max_agent_requests"
         await self._answer(agent, msg["id"], cancelled, req, session, source=source, detail=why)
+        self._told(session, req, cancelled, source, why)
 
     async def show(self, entry: Forwarded, client: ClientLink, *, note: str | None = None) -> None:
         """Put a request to a client (first time, after a reattach, or asked again)."""
@@ -324,7 +330,7 @@ class Approvals:
             return
         agent = entry.origin
         client_id = client.pending.add(entry)
-        ask.shown = (client, client_id)
+        ask.shown[client] = client_id
         agent.inflight[entry.origin_id] = (client, client_id)
         session.pending_permissions.add(client_id)
         params = dict(entry.context)
@@ -346,7 +352,7 @@ class Approvals:
         session = entry.session
         assert session is not None
         session.pending_permissions.discard(client_id)
-        ask.shown = None
+        ask.shown.pop(client, None)
         if "error" in msg:
             # Not an outcome: the agent learns of the failure as it is.
             await self.settle(
@@ -387,12 +393,11 @@ class Approvals:
     async def timed_out(self, entry: Forwarded) -> None:
         """Nobody answered in time: deny. A timeout never grants."""
         ask: Ask = entry.extra
-        await self.settle(
-            entry,
-            _selected(_reject_option(ask.request.options)),
-            source="timeout",
-            detail=f"no answer within {self.policy.ask_timeout:g}s",
-        )
+        outcome = _selected(_reject_option(ask.request.options))
+        detail = f"no answer within {self.policy.ask_timeout:g}s"
+        if await self.settle(entry, outcome, source="timeout", detail=detail):
+            assert entry.session is not None
+            self._told(entry.session, ask.request, outcome, "timeout", detail)
 
     async def settle_session(self, session: Session, source: str) -> None:
         """``session/cancel`` (or close): every pending request of the session → cancelled."""
@@ -447,15 +452,17 @@ class Approvals:
         agent.inflight.pop(entry.origin_id, None)
         if entry in session.parked:
             session.parked.remove(entry)
-        shown, ask.shown = ask.shown, None
-        if shown is not None:
-            client, client_id = shown
+        shown, ask.shown = ask.shown, {}
+        for client, client_id in shown.items():
             client.pending.pop(client_id)
             session.pending_permissions.discard(client_id)
             self._remember_settled(client, client_id)
+            if client is connection:
+                continue  # (its own answer settled it)
+            await self._withdraw_from(client, client_id)
             # (Only to a client that knows the bridge's extensions: a stock one reports
             # every unknown notification as an error.)
-            if source != "client" and client.extensions:
+            if client.extensions:
                 await client.send(
                     dumps(
                         notification(
@@ -488,6 +495,25 @@ class Approvals:
         done = Settlement(verdict, source, option_id, name)
         self.desk.changed.publish(entry, done)
         return True
+
+    async def withdraw(self, entry: Forwarded, client: ClientLink, client_id: int) -> None:
+        """
+        A request ``client`` was shown under ``client_id`` and may no longer answer, though it
+        is not settled (another connection took the session, and is shown it instead):
+        withdrawn from it. Its late answer is refused (a permission's audited, as after a
+        settlement).
+        """
+        if isinstance(entry.extra, Ask):
+            self._remember_settled(client, client_id)
+        await self._withdraw_from(client, client_id)
+
+    @staticmethod
+    async def _withdraw_from(client: ClientLink, client_id: int) -> None:
+        """
+        ``$/cancel_request`` for the request ``client`` knows as ``client_id``: ACP's own way
+        to take a request back, so every client closes its dialog, a stock one included.
+        """
+        await client.send(dumps(notification("$/cancel_request", {"requestId": client_id})))
 
     async def late_answer(self, client: ClientLink, client_id: JsonRpcId) -> bool:
         """An answer to a request that already ended: refused and audited. False: unknown id."""
@@ -552,6 +578,24 @@ class Approvals:
         settled[client_id] = None
         if len(settled) > SETTLED_REMEMBERED:
             settled.popitem(last=False)
+
+    def _told(
+        self,
+        session: Session,
+        req: PermissionRequest,
+        outcome: JsonObject,
+        source: str,
+        detail: str | None,
+    ) -> None:
+        """
+        A request the policy answered without a human, other than an allow: the session's
+        client is told why (a notice, if it takes them). An allow by a rule is what the user
+        configured and the tool call then shows itself: a notice for each would drown the
+        rest.
+        """
+        verdict, _ = _verdict(outcome, req)
+        if verdict != "allow":
+            self._logs.notice(session, policy_notice(req.title, verdict, source, detail))
 
     # ------------------------------------------------------------------ audit
 
@@ -652,10 +696,11 @@ def _record_for(
     )
 
 
-def park(entry: Forwarded) -> None:
-    """A request waiting on a client that went away waits for the next one."""
+def park(entry: Forwarded, client: ClientLink) -> None:
+    """A request waiting on ``client``, which went away (or lost the session), waits for the
+    session's next owner."""
     if isinstance(entry.extra, Ask):
-        entry.extra.shown = None
+        entry.extra.shown.pop(client, None)
     if entry.session is not None:
         entry.session.parked.append(entry)
 

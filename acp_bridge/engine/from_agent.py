@@ -27,6 +27,7 @@ from acp_bridge.protocol.jsonrpc import (
     dumps,
     loads,
 )
+from acp_bridge.protocol.notices import is_notice, setup_notice, wants_notices
 from acp_bridge.protocol.wire import id_of, well_formed_error
 from acp_bridge.sessions.table import (
     Forwarded,
@@ -125,6 +126,9 @@ class FromAgent:
             agent.log.warning("update_for_unknown_session", session=sid)
             return
         assert type(params) is dict
+        if is_notice(params.get("update")):
+            self._relay.relay_notice(agent, session, msg, params, line)
+            return
         data = self._relay.record_update(session, msg, params, line)
         client = session.client
         if client is None or (session.watch is not None and not session.watch(params)):
@@ -173,6 +177,8 @@ class FromAgent:
             await client.send(dumps(msg))
         else:
             await client.send_answer(dumps(msg), session)
+        if ok and entry.stripped:
+            self._setup_stripped(agent, entry, msg["result"])
         if (
             ok
             and entry.method in ("session/load", "session/resume")
@@ -183,6 +189,19 @@ class FromAgent:
             # A load or resume the agent served: what waited on a dead connection is shown
             # to the new owner after the answer, as after one the bridge serves (attach).
             await self._reattach.present_parked(session, client)
+
+    def _setup_stripped(self, agent: AgentLink, entry: Forwarded, result: Any) -> None:
+        """
+        A session opened (new, fork) or taken up (load, resume) without what of its setup the
+        agent could not take: its client is told, after the answer (a new session's id is not
+        known before).
+        """
+        session = entry.session
+        if entry.method in ("session/new", "session/fork"):
+            sid = result.get("sessionId") if isinstance(result, dict) else None
+            session = self._sessions.get(sid) if isinstance(sid, str) else None
+        if session is not None:
+            self._logs.notice(session, setup_notice(agent.name, entry.stripped))
 
     def open_session(
         self,
@@ -300,8 +319,12 @@ def take_early_updates(agent: AgentLink, session: Session) -> list[bytes]:
     agent.early_updates = [(s, ln) for s, ln in agent.early_updates if s != session.agent_id]
     if not agent.new_in_flight:
         agent.early_updates.clear()
+    client = session.client
+    notices = client is not None and wants_notices(client.capabilities)
     out = []
     for line in mine:
+        if not notices and b"notice" in line and is_notice(loads(line)["params"].get("update")):
+            continue  # (a client that does not take notices gets none)
         if session.rewrite:
             msg = loads(line)
             msg["params"]["sessionId"] = session.bridge_id

@@ -42,7 +42,7 @@ from acp_bridge.protocol.jsonrpc import (
     loads,
     params_of,
 )
-from acp_bridge.protocol.wire import bridge_meta, id_of, is_id
+from acp_bridge.protocol.wire import CLIENT_NOTIFICATIONS, bridge_meta, id_of, is_id
 from acp_bridge.sessions.table import Setup, roots_of
 
 if TYPE_CHECKING:
@@ -126,8 +126,9 @@ class FromClient:
 
     async def _request(self, client: ClientLink, msg: JsonObject) -> None:
         """
-        A client's request, by method: ``initialize`` first; a session's requests (and
-        unknown ones naming a session) to ``SessionRequests.request``; the others here.
+        A client's request, by method: ``initialize`` first; a notification sent as a request
+        taken as the notification, then answered ``null``; a session's requests (and unknown
+        ones naming a session) to ``SessionRequests.request``; the others here.
         Raises JsonRpcError to be answered under the request's id.
         """
         method: str = msg["method"]
@@ -136,6 +137,12 @@ class FromClient:
             return
         if not client.initialized:
             raise JsonRpcError.invalid_request("the first request must be initialize")
+        if method in CLIENT_NOTIFICATIONS:
+            # A notification sent as a request: it takes effect as the notification (never
+            # forwarded with its id: an agent need not answer it), then it is answered null.
+            await self._notification(client, {k: v for k, v in msg.items() if k != "id"})
+            await client.send(dumps(rpc.result(msg["id"], None)))
+            return
         params = params_of(msg)
         if method in SESSION_METHODS:
             await self._session_requests.request(client, msg, params)
@@ -264,10 +271,10 @@ class FromClient:
         self, client: ClientLink, msg: JsonObject, params: JsonObject, agent: AgentLink
     ) -> None:
         self._hub.redactor.add_mcp_servers(params.get("mcpServers"))
-        self._hub.strip_setup(agent, params)
+        stripped = self._hub.strip_setup(agent, params)
         agent.new_in_flight += 1
         setup = Setup(roots_of(params), bridge_meta(params).get("unattended") is True)
-        await self._session_requests.forward(client, msg, agent, None, setup)
+        await self._session_requests.forward(client, msg, agent, None, setup, stripped=stripped)
 
     async def _auth_request(self, client: ClientLink, msg: JsonObject, params: JsonObject) -> None:
         """``authenticate``: to the named agent, else the first ready one offering the method."""

@@ -154,10 +154,14 @@ class Hub:
                 )
             )
 
-    def strip_setup(self, agent: AgentLink, params: JsonObject) -> None:
-        """Drop from a session's setup what ``agent`` cannot take (logged, names only)."""
+    def strip_setup(self, agent: AgentLink, params: JsonObject) -> tuple[str, ...]:
+        """
+        Drop from a session's setup what ``agent`` cannot take (logged, names only); returns
+        what was dropped, for the client to be told once the session is open.
+        """
         if stripped := strip_unsupported_setup(agent.capabilities, params):
             self.log.warning("stripped_setup", agent=agent.name, stripped=stripped)
+        return tuple(stripped)
 
     def hold_answer(self, session: Session, origin_id: JsonRpcId, data: bytes) -> bool:
         """

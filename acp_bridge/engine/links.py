@@ -20,6 +20,7 @@ import trio
 from acp_bridge.agents.process import StderrRing
 from acp_bridge.config import remote
 from acp_bridge.protocol.diagnostics import LEVEL_RANK, LogBudget
+from acp_bridge.protocol.notices import NOTICE_BURST, NOTICE_RATE
 from acp_bridge.runtime import pipes
 from acp_bridge.sessions.table import Forwarded, PendingTable
 
@@ -166,6 +167,8 @@ class ClientLink:
         #: or an ``_acp_bridge/set_log_level``): only then is it sent other ``_acp_bridge/*``
         #: notifications (``permission_resolved``)
         self.extensions = False
+        #: the bridge's own ``notice`` updates to it, bounded (``protocol.notices``)
+        self.notice_budget = LogBudget(rate=NOTICE_RATE, burst=NOTICE_BURST)
         self.closed = False
         self.close_reason: str | None = None
         #: set when the link closes (overflow, or the connection ended)

@@ -1,6 +1,8 @@
 """
 The log channel: diagnostics for clients as ``_acp_bridge/log`` notifications (shaped after
-ACP RFD #392), each client getting those at or above the level it asked for.
+ACP RFD #392), each client getting those at or above the level it asked for; and the
+session-scoped ones as ACP ``notice`` session updates, to the clients that advertise
+``session.notices`` (:meth:`LogChannel.notice`; what each says: ``protocol.notices``).
 
 Two kinds: the bridge's own, about a session or a connection (:meth:`LogChannel.send_log`),
 and those about an agent (:meth:`LogChannel.agent_log`): its stderr, stray stdout, starts
@@ -8,6 +10,11 @@ and exits. An agent's output is rate-limited per agent (``protocol.diagnostics.L
 what the
 budget holds back is summarized ("N lines ... suppressed") a second after the first line it
 held back. Secrets are redacted from what an agent wrote before anyone sees it.
+
+Notices are bounded per connection (``protocol.notices.NOTICE_RATE``, a token bucket): what
+the bound holds back is dropped, counted, and told in one notice
+(``NOTICE_SUMMARY_DELAY`` after the first held back). They never wait: a client whose queue is
+full loses the notice, nothing more. They are live, never in a session's history.
 """
 
 from __future__ import annotations
@@ -18,16 +25,29 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from acp_bridge.protocol import jsonrpc as rpc
-from acp_bridge.protocol.diagnostics import LOG_METHOD, log_params
+from acp_bridge.protocol.diagnostics import LEVEL_RANK, LOG_METHOD, log_params
 from acp_bridge.protocol.jsonrpc import dumps
+from acp_bridge.protocol.notices import (
+    NOTICE_SUMMARY_DELAY,
+    Notice,
+    notice_params,
+    stderr_notice,
+    suppressed_notice,
+    wants_notices,
+)
+from acp_bridge.sessions.table import SessionState
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
     from acp_bridge.sessions.table import Session
 
 #: seconds after the first line held back that the summary of the held-back lines is sent
 SUMMARY_DELAY: Final = 1.0
+#: an agent's stderr line at this level or above is also a notice on its sessions
+STDERR_NOTICE_RANK: Final = LEVEL_RANK["error"]
 
 
 class LogChannel:
@@ -90,6 +110,65 @@ class LogChannel:
             if client.wants_log(level):
                 # Never waits: a client whose queue is full loses this line, nothing more.
                 client.offer(line)
+        if stream == "stderr" and LEVEL_RANK.get(level, 0) >= STDERR_NOTICE_RANK:
+            # (Within the agent's log budget, taken above: a flood is cut there first.)
+            self.agent_notice(agent, stderr_notice(agent.name, text))
+
+    # ------------------------------------------------------------------ notices
+
+    def notice(self, session: Session, notice: Notice) -> None:
+        """
+        A notice on ``session``, to its client if it advertised ``session.notices`` and its
+        budget allows (never waits; redacted).
+        """
+        client = session.client
+        if client is None or client.closed or not wants_notices(client.capabilities):
+            return
+        if session.watch is not None and not session.watch({}):
+            return  # a sub-agent's, whose client does not see the child's session
+        if self._notice_budget(client, session):
+            self._offer_notice(client, session, notice)
+
+    def agent_notice(
+        self, agent: AgentLink, notice: Notice, sessions: Iterable[Session] | None = None
+    ) -> None:
+        """A notice about an agent on each of ``sessions`` (default: its live ones)."""
+        if sessions is None:
+            sessions = [
+                s
+                for s in self._sessions.of_agent(agent.name)
+                if s.state in (SessionState.ACTIVE, SessionState.LOADING)
+            ]
+        for session in sessions:
+            self.notice(session, notice)
+
+    def _offer_notice(self, client: ClientLink, session: Session, notice: Notice) -> None:
+        redact = self._redactor.redact
+        said = Notice(
+            notice.severity,
+            redact(notice.title),
+            redact(notice.description) if notice.description is not None else None,
+        )
+        params = notice_params(session.bridge_id, said)
+        client.offer(dumps(rpc.notification("session/update", params)))
+
+    def _notice_budget(self, client: ClientLink, session: Session) -> bool:
+        budget = client.notice_budget
+        now = trio.current_time()
+        if budget.take(now):
+            return True
+        if budget.suppressed == 1:  # the first held back: the count is told later
+            self._deadlines.schedule(
+                ("notice_suppressed", client),
+                now + NOTICE_SUMMARY_DELAY,
+                functools.partial(self._notice_summary, client, session),
+            )
+        return False
+
+    async def _notice_summary(self, client: ClientLink, session: Session) -> None:
+        count = client.notice_budget.take_suppressed()
+        if count and session.client is client and not client.closed:
+            self._offer_notice(client, session, suppressed_notice(count))
 
     def _log_budget(self, agent: AgentLink) -> bool:
         budget = agent.log_budget

@@ -67,7 +67,7 @@ class Reattach:
             assert isinstance(agent, AgentLink)
             agent.inflight.pop(entry.origin_id, None)
             if entry.session is not None and entry.session.client is client:
-                park(entry)
+                park(entry, client)
             else:
                 await self._reverse.answer_unattended(entry, "client_gone")
         # The client's own requests stay out at the agents: their answers go to whoever
@@ -159,14 +159,21 @@ class Reattach:
         """
         Make ``client`` the session's owner (synchronous: nothing may slip in between); see
         :func:`~acp_bridge.sessions.transitions.take_ownership`. The agent requests a taken-over
-        owner
-        was shown are parked for the new one.
+        owner was shown are parked for the new one (no longer in flight to the old one: one
+        the agent withdraws meanwhile is found parked); the caller withdraws them from it.
         """
         self._hub.deadlines.cancel(("detach", session))
         agent = self._hub.agents[session.agent]
         takeover = transitions.take_ownership(session, client, agent, agent.pending)
-        for shown in takeover.shown:
-            park(shown)
+        previous = takeover.previous
+        for client_id, shown in takeover.shown:
+            park(shown, previous)
+            origin = shown.origin
+            if isinstance(origin, AgentLink) and origin.inflight.get(shown.origin_id) == (
+                previous,
+                client_id,
+            ):
+                del origin.inflight[shown.origin_id]
         return takeover
 
     #: answers held while nobody was attached, up to a history position (pure)
@@ -195,6 +202,10 @@ class Reattach:
             gone = JsonRpcError.cancelled("session taken over by another connection")
             for origin_id in takeover.moved:
                 await previous.send(dumps(rpc.error(origin_id, gone)))
+            # What the agent asked of it goes to the new owner: withdrawn from this one (its
+            # dialogs close), as a request settled elsewhere is.
+            for client_id, shown in takeover.shown:
+                await self._approvals.withdraw(shown, previous, client_id)
             await self._logs.send_log(
                 previous,
                 "warning",

@@ -26,6 +26,7 @@ from acp_bridge.protocol.jsonrpc import (
     rewrite_run_session_id,
     rewrite_session_id,
 )
+from acp_bridge.protocol.notices import is_notice, wants_notices
 from acp_bridge.protocol.wire import set_seq
 from acp_bridge.runtime import pipes
 from acp_bridge.sessions.table import Session, SessionState, track_setup
@@ -238,6 +239,9 @@ class Relay:
         session = self._sessions.find(agent.name, sid) if type(sid) is str else None
         if session is None:
             return False
+        if is_notice(params.get("update")):
+            self.relay_notice(agent, session, msg, params, line)
+            return True
         client = session.client
         if client is not None and not client.closed and not client.has_room():
             return False
@@ -253,6 +257,34 @@ class Relay:
                 data = dumps(msg)
             client.put_update(data, session)
         return True
+
+    def relay_notice(
+        self, agent: AgentLink, session: Session, msg: JsonObject, params: JsonObject, line: bytes
+    ) -> None:
+        """
+        An agent's own ``notice``: relayed unchanged (its session id rewritten if need be) to
+        a client that takes notices and has room, else dropped (ACP: an agent must not rely
+        on a notice being seen). Never recorded: a notice is not session history.
+        """
+        self._counters["from_agent"] += 1
+        if self._tracer is not None:
+            self._tracer(f"agent:{agent.name}", "in", line)
+        client = session.client
+        if (
+            client is None
+            or client.closed
+            or not wants_notices(client.capabilities)
+            or not client.has_room()
+            or (session.watch is not None and not session.watch({}))
+        ):
+            return
+        if session.rewrite:
+            params["sessionId"] = session.bridge_id
+            rewritten = rewrite_session_id(line, session.agent_id, session.bridge_id)
+            data = dumps(msg) if rewritten is None else rewritten + b"\n"
+        else:
+            data = line + b"\n"
+        client.put_update(data, session)
 
     def record_update(
         self, session: Session, msg: JsonObject, params: JsonObject, line: bytes

@@ -1,6 +1,7 @@
 """
 Agent → client requests: an agent's own request of a client (``fs/*``, ``terminal/*``,
-``session/request_permission``, elicitations, extensions) routed by its session, gated on the
+``session/request_permission``, elicitations, extensions) routed by its session (an
+elicitation tied to a request instead: to the connection that made it), gated on the
 client's capabilities, its paths contained in the session's roots, shown to the attached
 client (or answered as unattended); the client's answer back to the agent; a request the
 agent withdraws. Permissions go through :class:`~acp_bridge.engine.approvals.Approvals`.
@@ -25,7 +26,7 @@ from acp_bridge.protocol.jsonrpc import (
     params_of,
 )
 from acp_bridge.protocol.wire import is_id, well_formed_error
-from acp_bridge.sessions.table import Forwarded, Session
+from acp_bridge.sessions.table import Forwarded, Session, Setup
 from acp_bridge.store.db import AuditRecord
 
 if TYPE_CHECKING:
@@ -101,19 +102,18 @@ class Reverse:
         entry = client.pending.get(client_id)
         if entry is None:
             return
-        ask = isinstance(entry.extra, Ask)
-        if not ask:
-            # Settled before anything yields: an answer the client sends meanwhile is late.
-            client.pending.pop(client_id)
-            agent.inflight.pop(request_id, None)
-            if entry.session is not None:
-                entry.session.pending_permissions.discard(client_id)
-            withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
-            agent.send_nowait(dumps(rpc.error(request_id, withdrawn)))
-        await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
-        if ask:
-            # (Exactly once: a no-op if the client's answer settled it meanwhile.)
+        if isinstance(entry.extra, Ask):
+            # The settlement withdraws it from every client it is shown to.
             await self._approvals.settle(entry, {"outcome": "cancelled"}, source="agent_cancel")
+            return
+        # Settled before anything yields: an answer the client sends meanwhile is late.
+        client.pending.pop(client_id)
+        agent.inflight.pop(request_id, None)
+        if entry.session is not None:
+            entry.session.pending_permissions.discard(client_id)
+        withdrawn = JsonRpcError.cancelled("withdrawn by the agent")
+        agent.send_nowait(dumps(rpc.error(request_id, withdrawn)))
+        await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
 
     async def _withdraw_parked(self, agent: AgentLink, request_id: JsonRpcId) -> None:
         """A withdrawn request parked for a reattach: answered now, never shown again."""
@@ -149,6 +149,9 @@ class Reverse:
         if not remote.may_call_client(agent.config, method):
             why = "the client's files are not offered to a remote agent (client_fs = false)"
             agent.answer(dumps(rpc.error(agent_id, JsonRpcError.method_not_found(method, why))))
+            return
+        if method == "elicitation/create" and sid is None and is_id(params.get("requestId")):
+            await self._request_scoped(agent, msg, params)
             return
         if session is None:
             err = (
@@ -191,16 +194,58 @@ class Reverse:
         entry = Forwarded(agent, agent_id, method, session, params)
         client_id = client.pending.add(entry)
         agent.inflight[agent_id] = (client, client_id)
-        if method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
-            if len(agent.elicitations) >= ELICITATIONS_MAX:
-                agent.elicitations.pop(next(iter(agent.elicitations)))  # the oldest goes
-            agent.elicitations[params["elicitationId"]] = client
+        if method == "elicitation/create":
+            self._remember_elicitation(agent, params, client)
         msg["id"] = client_id
         if session.rewrite:
             params["sessionId"] = session.bridge_id
         if session.parent is not None:
             msg["params"] = self._tree.present(session.bridge_id, client.capabilities, params)
         await client.send(dumps(msg))
+
+    async def _request_scoped(self, agent: AgentLink, msg: JsonObject, params: JsonObject) -> None:
+        """
+        An elicitation tied to a request rather than a session (ACP's request scope: an
+        ``authenticate``, a ``session/new`` under way): to the connection whose request it
+        names, the id translated back to that client's own, gated on its ``elicitation``
+        capability. Declined when nobody can answer: the request is the bridge's own or
+        already answered, its connection is gone, or it opens an unattended session.
+        """
+        agent_id = msg["id"]
+        method: str = msg["method"]
+        if self.requests_waiting(agent) >= self._hub.config.bridge.max_agent_requests:
+            await self._refuse_over_limit(agent, msg, params, None)
+            return
+        named = agent.pending.get(params["requestId"])
+        entry = Forwarded(agent, agent_id, method, None, params)
+        client = named.origin if isinstance(named, Forwarded) else None
+        if (
+            not isinstance(client, ClientLink)
+            or client.closed
+            or not isinstance(named, Forwarded)
+            or (isinstance(named.context, Setup) and named.context.unattended)
+            or (named.session is not None and named.session.unattended)
+        ):
+            await self.answer_unattended(entry, "unattended")
+            return
+        if not CLIENT_METHOD_GATES[method](client.capabilities):
+            why = "the client did not advertise this capability"
+            agent.answer(dumps(rpc.error(agent_id, JsonRpcError.method_not_found(method, why))))
+            return
+        params["requestId"] = named.origin_id
+        client_id = client.pending.add(entry)
+        agent.inflight[agent_id] = (client, client_id)
+        self._remember_elicitation(agent, params, client)
+        msg["id"] = client_id
+        await client.send(dumps(msg))
+
+    @staticmethod
+    def _remember_elicitation(agent: AgentLink, params: JsonObject, client: ClientLink) -> None:
+        """A URL elicitation's completion goes only to the connection that was shown it."""
+        if isinstance(params.get("elicitationId"), str):
+            if len(agent.elicitations) >= ELICITATIONS_MAX:
+                agent.elicitations.pop(next(iter(agent.elicitations)))  # the oldest goes
+            agent.elicitations[params["elicitationId"]] = client
 
     def requests_waiting(self, agent: AgentLink) -> int:
         """
@@ -219,7 +264,7 @@ class Reverse:
         return len(inflight) + parked
 
     async def _refuse_over_limit(
-        self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session
+        self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session | None
     ) -> None:
         """
         ``max_agent_requests`` of the agent's requests wait on clients already: this one is
@@ -232,13 +277,13 @@ class Reverse:
         self._hub.log.warning(
             "agent_requests_over_limit",
             agent=agent.name,
-            session=session.bridge_id,
+            session=session.bridge_id if session is not None else None,
             method=method,
             limit=limit,
             refused=agent.requests_refused,
         )
         detail = f"{limit} requests of agent {agent.name!r} already wait on a client"
-        if method == "session/request_permission":
+        if method == "session/request_permission" and session is not None:
             await self._approvals.over_limit(agent, msg, params, session, detail)
             return
         err = JsonRpcError(
@@ -313,17 +358,16 @@ class Reverse:
         agent.inflight.pop(entry.origin_id, None)
         if entry.method == "elicitation/create":
             agent.answer(dumps(rpc.result(entry.origin_id, {"action": "decline"})))
-            if entry.session is not None:
-                await self._hub.audit.record(
-                    AuditRecord(
-                        session=entry.session.bridge_id,
-                        agent=agent.name,
-                        decision="decline",
-                        source="unattended",
-                        title="elicitation/create",
-                        detail=reason,
-                    )
+            await self._hub.audit.record(
+                AuditRecord(
+                    session=entry.session.bridge_id if entry.session is not None else None,
+                    agent=agent.name,
+                    decision="decline",
+                    source="unattended",
+                    title="elicitation/create",
+                    detail=reason,
                 )
+            )
         else:
             agent.answer(
                 dumps(

@@ -179,18 +179,19 @@ class SessionRequests:
             raise JsonRpcError.method_not_found(
                 method, f"agent {agent.name!r} does not support {method}"
             )
+        stripped: tuple[str, ...] = ()
         if method == "session/prompt":
             check_prompt_content(agent.name, agent.capabilities, params)
             self._hub.remember_prompt(session, params.get("prompt"))
         elif method in ("session/load", "session/resume", "session/fork"):
             self._hub.redactor.add_mcp_servers(params.get("mcpServers"))
-            self._hub.strip_setup(agent, params)
+            stripped = self._hub.strip_setup(agent, params)
             if method == "session/load":
                 # Replayed updates arrive before the response: route them already.
                 previous = (session.state, session.client)
                 session.state = SessionState.LOADING
                 session.client = client
-                await self.forward(client, msg, agent, session, previous)
+                await self.forward(client, msg, agent, session, previous, stripped=stripped)
                 return
         if session.client is None and method not in LOOK_ONLY_METHODS:
             session.client = client
@@ -199,7 +200,7 @@ class SessionRequests:
         setup = None
         if method == "session/fork":
             setup = Setup(roots_of(params) or session.roots, session.unattended)
-        await self.forward(client, msg, agent, session, setup)
+        await self.forward(client, msg, agent, session, setup, stripped=stripped)
 
     async def forward(
         self,
@@ -208,18 +209,21 @@ class SessionRequests:
         agent: AgentLink,
         session: Session | None,
         context: Any = None,
+        *,
+        stripped: tuple[str, ...] = (),
     ) -> None:
         """
         Step 4, the last of every client request that goes to an agent (session/new,
         authenticate and connection-scoped requests come here from ``FromClient``): send it
         under a bridge id, remembered in ``agent.pending`` with ``context`` for the response's
-        bookkeeping; the client's id goes back on the response.
+        bookkeeping (and ``stripped``: what of a session's setup the agent was not sent, told
+        with the answer); the client's id goes back on the response.
 
         Raises:
             JsonRpcError: the agent's queue is full or it is not running (never waits).
         """
         origin_id = msg["id"]
-        entry = Forwarded(client, origin_id, msg["method"], session, context)
+        entry = Forwarded(client, origin_id, msg["method"], session, context, stripped=stripped)
         # The bridge's own MCP server, offered to the session being opened (docs/subagents)
         entry.extra = await self._subagents.offer(agent, msg["method"], params_of(msg), session)
         bridge_id = agent.pending.add(entry)

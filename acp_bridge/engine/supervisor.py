@@ -28,6 +28,7 @@ from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.diagnostics import guess_level
 from acp_bridge.protocol.initialize import agent_fields, agent_params
 from acp_bridge.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, JsonRpcError, JsonRpcId, dumps
+from acp_bridge.protocol.notices import exit_notice, restart_notice
 from acp_bridge.protocol.wire import PROTOCOL_VERSION
 from acp_bridge.runtime import pipes
 from acp_bridge.sessions.table import SessionState
@@ -107,6 +108,12 @@ class Supervisor:
             agent.settled = trio.Event()
             agent.start_error = None
             self._hub.spawn(self._agent_life, agent, delay)
+            if agent.starts:
+                # Its sessions that ended with its last life: their clients see it come back.
+                ended = [
+                    s for s in self._sessions.of_agent(agent.name) if s.state is SessionState.ENDED
+                ]
+                self._logs.agent_notice(agent, restart_notice(agent.name, delay), ended)
 
     def when_ready(
         self,
@@ -222,8 +229,19 @@ class Supervisor:
                 f"agent {reason} (status {agent.exit_status})",
                 stream=None,
             )
+            # (Not when the bridge stops it: its clients are going too. Before the errors of
+            # what waited on it: the user reads why first.)
+            if agent.state is not AgentState.STOPPING and not self._hub.stopping:
+                self._exit_notice(agent, reason)
             await self.agent_gone(agent, reason=reason)
             nursery.cancel_scope.cancel()
+
+    def _exit_notice(self, agent: AgentLink, reason: str) -> None:
+        """The sessions that end with the agent are told, and whether it comes back."""
+        verdict = agent.restarts.next_start(trio.current_time(), dying=True)
+        crash_loop = (verdict.deaths, verdict.window) if isinstance(verdict, CrashLoop) else None
+        notice = exit_notice(agent.name, agent.exit_status, reason, crash_loop)
+        self._logs.agent_notice(agent, notice)
 
     async def _run_launcher(
         self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]
@@ -330,6 +348,15 @@ class Supervisor:
         err = JsonRpcError(
             INTERNAL_ERROR, f"agent {agent.name!r} {reason}{status}", agent.failure_data()
         )
+        # Its requests withdrawn from the clients first, then what waited on it answered.
+        for agent_id, (client, client_id) in list(agent.inflight.items()):
+            shown = client.pending.get(client_id)
+            if shown is not None and isinstance(shown.extra, Ask):
+                await self._approvals.agent_gone(shown)
+                continue
+            del agent.inflight[agent_id]
+            client.pending.pop(client_id)
+            await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
         for _, entry in agent.pending.drain():
             if isinstance(entry, Waiter):
                 entry.set(rpc.error(None, err))
@@ -346,14 +373,6 @@ class Supervisor:
                     session.log.warning("held_response_dropped")
                 continue
             await client.send(answer)
-        for agent_id, (client, client_id) in list(agent.inflight.items()):
-            shown = client.pending.get(client_id)
-            if shown is not None and isinstance(shown.extra, Ask):
-                await self._approvals.agent_gone(shown)
-                continue
-            del agent.inflight[agent_id]
-            client.pending.pop(client_id)
-            await client.send(dumps(rpc.notification("$/cancel_request", {"requestId": client_id})))
         for session in self._sessions.of_agent(agent.name):
             session.state = SessionState.ENDED
             for entry in list(session.parked):

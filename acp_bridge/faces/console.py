@@ -137,7 +137,7 @@ class Console:
             ask = entry.extra
             session = entry.session
             assert session is not None
-            shown = ask.shown[0].name if ask.shown is not None else None
+            shown = ", ".join(client.name for client in ask.shown) or None
             pending.append(
                 pending_view(
                     request_id=ask.console_id,

@@ -215,8 +215,17 @@ async def _serve_prepared(
         task_status.started(info)
 
 
-def startup_summary(info: ListenInfo, *, agent: str, agent_state: str) -> str:
-    """The one message ``serve`` prints once listening: where, the token, an editor entry."""
+def startup_summary(
+    info: ListenInfo, *, agent: str, agent_state: str, show_token: bool = False
+) -> str:
+    """
+    The one message ``serve`` prints once listening: where, the token, an editor entry.
+
+    The console's login link carries the token: it is printed whole only with
+    ``show_token`` (stderr is a terminal, whose reader may have the token anyway). Otherwise
+    (stderr is a log file, a journal, a CI log, which others may read) the link is printed
+    without it, with where the token is.
+    """
     http_scheme = "https" if info.url.startswith("wss:") else "http"
     base = info.url.split("://", 1)[1].split("/", 1)[0]
     command = shutil.which("acp-bridge")
@@ -234,17 +243,22 @@ def startup_summary(info: ListenInfo, *, agent: str, agent_state: str) -> str:
         )
     entry = {"acp-bridge": {"type": "custom", "command": argv[0], "args": argv[1:], "env": {}}}
     snippet = json.dumps({"agent_servers": entry}, indent=2)
+    console: list[str] = []
+    if info.console_login is not None and show_token:
+        console = [f"  console: {info.console_login} (approvals; holds the token)"]
+    elif info.console_login is not None:
+        where = info.token_path if info.token_path is not None else "websocket.token in the config"
+        console = [
+            f"  console: {info.console_login.split('?', 1)[0]} (approvals; log in with "
+            f"/console?token=TOKEN, the token in {where})"
+        ]
     return "\n".join(
         [
             f"acp-bridge serve: listening on {info.url}",
             f"  agent:   {agent} ({agent_state})",
             token_line,
             f"  health:  {http_scheme}://{base}/healthz",
-            *(
-                [f"  console: {info.console_login} (approvals; holds the token)"]
-                if info.console_login is not None
-                else []
-            ),
+            *console,
             f"  status:  acp-bridge status, or {http_scheme}://{base}/status and /metrics "
             "(with the token)",
             "  Zed: add to settings.json:",
@@ -255,7 +269,9 @@ def startup_summary(info: ListenInfo, *, agent: str, agent_state: str) -> str:
 
 #: What agents of the daemon are told their client can do. Clients come and go and differ;
 #: the bridge relays these to whichever client holds the session, and refuses a call (-32601
-#: to the agent) when that client did not advertise it.
+#: to the agent) when that client did not advertise it. Not ``session.notices``: a notice
+#: cannot be refused, only dropped unseen for a client without it, where the agent would
+#: otherwise have said the same in a message every client shows.
 DAEMON_AGENT_CAPABILITIES: Final = {
     "fs": {"readTextFile": True, "writeTextFile": True},
     "terminal": True,
@@ -274,7 +290,8 @@ def run_serve(
     ``acp-bridge serve``: the bridge with real agents, and the WebSocket face, until a signal.
 
     Starts listening first, then the default agent (a failure is logged and ``/healthz``
-    says 503; a later ``initialize`` retries), then prints one summary to stderr. With
+    says 503; a later ``initialize`` retries), then prints one summary to stderr (the
+    console's login link with its token only when stderr is a terminal). With
     ``trace_file``, every message is recorded there (see ``observe.trace.py``).
 
     Returns:
@@ -302,7 +319,11 @@ def run_serve(
             except JsonRpcError as exc:
                 logger.error("default_agent_failed", agent=name, error=exc.message)
                 state = f"failed to start: {exc.message}"
-            print(startup_summary(info, agent=name, agent_state=state), file=sys.stderr, flush=True)
+            # (The token only to a terminal: a redirected stderr is a log others may read.)
+            summary = startup_summary(
+                info, agent=name, agent_state=state, show_token=sys.stderr.isatty()
+            )
+            print(summary, file=sys.stderr, flush=True)
 
     async def main() -> None:
         async with open_wire_trace(trace_file, redactor=redactor) as tracer:

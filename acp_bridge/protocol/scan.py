@@ -11,9 +11,10 @@ reference otherwise (:data:`ACCELERATED` says which).
 
 A line is PLAIN (see :func:`plain_session`) when it decodes to a JSON-RPC 2.0
 ``session/update`` notification (no ``id``) whose ``params`` is an object with a string
-``sessionId`` and an object ``update`` whose ``sessionUpdate`` is a string that is not a setup
-update (:data:`acp_bridge.protocol.jsonrpc.SETUP_UPDATES`: those change the session's recorded
-state, so the caller decodes them), and it holds no ``\\r`` but possibly as its last byte. The C
+``sessionId`` and an object ``update`` whose ``sessionUpdate`` is a string that is not one of
+:data:`DECODED_KINDS` (setup updates, :data:`acp_bridge.protocol.jsonrpc.SETUP_UPDATES`, change
+the session's recorded state; a ``notice`` is not history and goes only to clients that take
+notices: the caller decodes those), and it holds no ``\\r`` but possibly as its last byte. The C
 scanner is sound and may be conservative: it calls a line plain only if the reference does,
 with the same session id; on what is rare (an escape in a key or in the values it reads, a
 duplicate of a key it reads, numbers that could overflow a double) it says LINE and the
@@ -40,6 +41,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from acp_bridge.protocol.jsonrpc import SETUP_UPDATES, JsonRpcError, loads
+from acp_bridge.protocol.notices import NOTICE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,6 +52,9 @@ OVERSIZE: Final = 2
 
 #: ``(RUN, start, end, count, sid)``, ``(LINE, start, end)`` or ``(OVERSIZE, size)``
 Segment: TypeAlias = tuple[Any, ...]
+
+#: The ``sessionUpdate`` kinds that are never plain: the caller decodes each such update
+DECODED_KINDS: Final = SETUP_UPDATES | {NOTICE}
 
 
 def plain_session(line: bytes) -> str | None:
@@ -72,7 +77,7 @@ def plain_session(line: bytes) -> str | None:
     if type(sid) is not str or type(update) is not dict:
         return None
     kind = update.get("sessionUpdate")
-    if type(kind) is not str or kind in SETUP_UPDATES:
+    if type(kind) is not str or kind in DECODED_KINDS:
         return None
     return sid
 
@@ -109,8 +114,8 @@ def scan_reference(block: bytes, max_line: int, max_run: int = sys.maxsize) -> l
     return out
 
 
-#: The setup kinds as the C scanner takes them (UTF-8 bytes)
-_SETUP_KINDS: Final = tuple(sorted(kind.encode() for kind in SETUP_UPDATES))
+#: The kinds that are never plain, as the C scanner takes them (UTF-8 bytes)
+_SETUP_KINDS: Final = tuple(sorted(kind.encode() for kind in DECODED_KINDS))
 
 
 def _load_c() -> Callable[[bytes, int, int], list[Segment]] | None:

@@ -20,6 +20,11 @@ from acp_bridge.protocol.jsonrpc import (
 
 PROTOCOL_VERSION: Final = 1
 
+#: What ACP defines as notifications a client sends (no answer expected). One sent as a
+#: request (with an ``id``) still takes effect, and is then answered ``null``: JSON-RPC owes
+#: every request one answer, and the notification's effect is all there is to it.
+CLIENT_NOTIFICATIONS: Final = frozenset({"session/cancel", "$/cancel_request"})
+
 #: RFC 5424 severities, as ACP RFD #392 names them, lowest first
 LOG_LEVELS: Final = (
     "debug",
@@ -105,6 +110,7 @@ def decode_cursor(cursor: object) -> tuple[int, str | None]:
 
 
 __all__ = [
+    "CLIENT_NOTIFICATIONS",
     "PROTOCOL_VERSION",
     "attached_elsewhere",
     "bridge_meta",

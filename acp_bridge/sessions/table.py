@@ -493,6 +493,8 @@ class Forwarded:
     context: Any = None
     #: the approval state of a permission request the client is asked (see engine.approvals)
     extra: Any = None
+    #: what of a session's setup its agent could not take (the client is told with the answer)
+    stripped: tuple[str, ...] = ()
 
 
 #: answers kept for a detached session until a connection takes it back (more are dropped)

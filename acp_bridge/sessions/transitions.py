@@ -48,9 +48,9 @@ class Takeover:
     previous: Any = None
     #: the ids the previous owner asked with whose answers now go to the new owner
     moved: list[JsonRpcId] = attrs.field(factory=list)
-    #: agent requests the previous owner was shown and had not answered (to be parked and
-    #: shown to the new owner)
-    shown: list[Forwarded] = attrs.field(factory=list)
+    #: agent requests the previous owner was shown and had not answered, with its id for
+    #: each (to be withdrawn from it, parked and shown to the new owner)
+    shown: list[tuple[int, Forwarded]] = attrs.field(factory=list)
 
 
 def take_ownership(
@@ -86,10 +86,10 @@ def take_ownership(
         client.inflight[entry.origin_id] = (agent, bridge_id)
     if not taken_over:
         return Takeover()
-    shown: list[Forwarded] = []
+    shown: list[tuple[int, Forwarded]] = []
     for client_id, entry in previous.pending.find(lambda e: e.session is session):
         previous.pending.pop(client_id)
-        shown.append(entry)
+        shown.append((client_id, entry))
     return Takeover(previous=previous, moved=moved, shown=shown)
 
 

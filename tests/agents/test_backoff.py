@@ -62,3 +62,12 @@ def test_the_rule_comes_from_the_bridge_table():
     assert restarts.next_start(0.0) == 0.25
     restarts.died(1.0)
     assert restarts.next_start(1.0) == CrashLoop(deaths=2, window=5.0)
+
+
+def test_what_a_death_not_yet_recorded_will_mean_is_told_without_recording_it():
+    """``dying``: the verdict as if the agent died at ``now`` too (its exit is being told)."""
+    restarts = Restarts.from_config(BridgeConfig(crash_loop_limit=2, crash_loop_window=5.0))
+    assert restarts.next_start(0.0, dying=True) == 0.5
+    restarts.died(0.0)
+    assert restarts.next_start(1.0, dying=True) == CrashLoop(deaths=2, window=5.0)
+    assert restarts.next_start(1.0) == 0.5  # (nothing was recorded)

@@ -128,3 +128,51 @@ async def test_serve_process_answers_healthz_and_stops_on_sigterm(tmp_path):
                 proc.kill()
                 with trio.CancelScope(shield=True):
                     await proc.wait()
+
+
+async def test_serve_without_a_terminal_never_writes_the_token_to_stderr(tmp_path):
+    """The daemon's stderr is a pipe here (a log, a journal): its summary names the console
+    and where the token is, never the token itself, and nothing else it writes does."""
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
+        'args = ["-m", "acp_bridge", "demo-agent"]\n'
+        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
+    )
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    with trio.fail_after(30):
+        proc = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert proc.stderr is not None
+            seen = b""
+            # The summary ends with the editor entry's closing brace, alone on its line.
+            while b"agent_servers" not in seen or not seen.rstrip().endswith(b"}"):
+                chunk = await proc.stderr.receive_some(65536)
+                assert chunk, seen.decode(errors="replace")
+                seen += chunk
+            port = int(re.search(rb"listening on ws://127\.0\.0\.1:(\d+)/acp", seen).group(1))
+            # A request that fails the token check is logged too: still no token.
+            response = await http_exchange(port, get_request(port, "/status"))
+            assert response.status == 401
+            proc.send_signal(signal.SIGTERM)
+            while chunk := await proc.stderr.receive_some(65536):
+                seen += chunk
+            assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+    token = (tmp_path / "token").read_text().strip()
+    assert len(token) > 20
+    text = seen.decode()
+    assert token not in text
+    assert f"console: http://127.0.0.1:{port}/console (approvals; log in with" in text
+    assert f"the token in {tmp_path / 'token'})" in text

@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
@@ -371,14 +372,25 @@ async def test_a_console_answer_must_name_an_offered_option():
     assert bridge.hub.audit.recent[-1].source == "cancel"
 
 
-def test_serve_prints_the_console_login_link():
+def test_serve_prints_the_console_login_link_with_its_token_only_to_a_terminal():
     info = ListenInfo(
         host="127.0.0.1",
         port=8765,
         url="ws://127.0.0.1:8765/acp",
         token_path=None,
-        console_login="http://127.0.0.1:8765/console?token=T",
+        console_login="http://127.0.0.1:8765/console?token=SECRET-TOKEN",
     )
-    summary = startup_summary(info, agent="demo", agent_state="ready")
-    assert "  console: http://127.0.0.1:8765/console?token=T" in summary
-    assert "T" not in repr(info).replace("True", "")
+    summary = startup_summary(info, agent="demo", agent_state="ready", show_token=True)
+    assert "  console: http://127.0.0.1:8765/console?token=SECRET-TOKEN" in summary
+    assert "SECRET-TOKEN" not in repr(info)
+    for told in (
+        startup_summary(info, agent="demo", agent_state="ready"),
+        startup_summary(info, agent="demo", agent_state="ready", show_token=False),
+    ):
+        assert "SECRET-TOKEN" not in told
+        assert "  console: http://127.0.0.1:8765/console (approvals; log in with" in told
+        assert "websocket.token in the config" in told
+    in_file = attrs.evolve(info, token_path="/state/token")
+    told = startup_summary(in_file, agent="demo", agent_state="ready")
+    assert "SECRET-TOKEN" not in told
+    assert "/console?token=TOKEN, the token in /state/token)" in told

@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_bridge.protocol import scan
-from acp_bridge.protocol.jsonrpc import SETUP_UPDATES
-from acp_bridge.protocol.scan import LINE, OVERSIZE, RUN, scan_reference
+from acp_bridge.protocol.scan import DECODED_KINDS, LINE, OVERSIZE, RUN, scan_reference
 
 BIG = 1 << 24
 
@@ -199,7 +198,8 @@ def _not_plain() -> list[bytes]:
         line({**msg, "params": {"sessionId": "s1", "update": {"sessionUpdate": "plan"}}})[:-2]
         + b',"update":{}}}',
     ]
-    cases += [line(update(kind=kind)) for kind in sorted(SETUP_UPDATES)]
+    # (setup updates, and notices: not history, only to clients that take them)
+    cases += [line(update(kind=kind)) for kind in sorted(DECODED_KINDS)]
     return cases
 
 
@@ -265,7 +265,7 @@ def test_the_c_scanner_says_line_when_unsure(good):
 #: Session ids from a small pool, so that runs form
 SIDS_ASCII = ("sess_a", "sess_b", "01HZX9", "")
 SIDS = (*SIDS_ASCII, "séance-☃")
-KINDS = ("agent_message_chunk", "agent_thought_chunk", "tool_call", "plan", *sorted(SETUP_UPDATES))
+KINDS = ("agent_message_chunk", "agent_thought_chunk", "tool_call", "plan", *sorted(DECODED_KINDS))
 EXTRA_KEYS = st.sampled_from(["_meta", "content", "toolCallId", "title", "status", "x"])
 #: (no lone surrogates: the serializers refuse them)
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=16)

@@ -82,7 +82,7 @@ def test_a_live_owner_taken_over_is_told_which_of_its_requests_moved():
     _, moved_entry = _ask(out, prev, "p1", session)
     # an agent request prev was shown and has not answered moves with the session
     shown = Forwarded(origin=AGENT, origin_id=3, method="fs/read_text_file", session=session)
-    prev.pending.add(shown)
+    shown_id = prev.pending.add(shown)
     other = table.register("a", "s2", client=prev)
     not_this = Forwarded(origin=AGENT, origin_id=4, method="fs/read_text_file", session=other)
     prev.pending.add(not_this)
@@ -96,7 +96,7 @@ def test_a_live_owner_taken_over_is_told_which_of_its_requests_moved():
     assert "p1" not in prev.inflight
     assert moved_entry.origin is new
     assert "p1" in new.inflight
-    assert takeover.shown == [shown]
+    assert takeover.shown == [(shown_id, shown)]
     # only this session's: the other session's request stays with prev
     assert [e for _, e in prev.pending.find(lambda e: True)] == [not_this]
 

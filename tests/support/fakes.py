@@ -291,6 +291,8 @@ class TestClient:
         self.requests, self.agent_requests = trio.open_memory_channel[dict[str, Any]](1000)
         self.changed = trio.Event()
         self._send_lock = trio.Lock()
+        #: the methods of the requests it sent, by id (what each answer answers)
+        self.asked: dict[Any, str] = {}
 
     async def disconnect(self) -> None:
         """Drop the connection (both directions), as a network failure would."""
@@ -320,6 +322,8 @@ class TestClient:
             await self.stream.send_all(data)
 
     async def send(self, msg: dict[str, Any]) -> None:
+        if "id" in msg and isinstance(msg.get("method"), str):
+            self.asked[msg["id"]] = msg["method"]
         await self.send_raw(dumps(msg))
 
     async def request(self, method: str, params: Any = None, *, id: Any = None) -> dict[str, Any]:

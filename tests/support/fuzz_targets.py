@@ -380,7 +380,10 @@ class FuzzAgent:
                 waiter.send_nowait(msg)
             return
         params = msg.get("params") if type(msg.get("params")) is dict else {}
-        if "id" not in msg:
+        if "id" not in msg or msg["method"] in ("session/cancel", "$/cancel_request"):
+            # (It takes a notification method for what it is, id or not, as an agent that
+            # dispatches on the method may: a request-shaped one the bridge forwarded would
+            # never be answered, and the client's oracle would see it missing.)
             if msg["method"] in ("session/cancel",):
                 self._release(life, params.get("sessionId"))
             elif msg["method"] == "$/cancel_request":

@@ -199,24 +199,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
-    return port
-
-
-def _count(text: str) -> int:
+def _whole(text: str, low: int, high: int | None, what: str) -> int:
     try:
         n = int(text)
     except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r}")
+        n = low - 1
+    if n < low or (high is not None and n > high):
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}")
     return n
+
+
+def _port(text: str) -> int:
+    return _whole(text, 0, 65535, "a port number")
+
+
+def _count(text: str) -> int:
+    return _whole(text, 0, None, "a count")
 
 
 def _trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

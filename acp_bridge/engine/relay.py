@@ -278,10 +278,9 @@ class Relay:
             or (session.watch is not None and not session.watch({}))
         ):
             return
-        if session.rewrite:
+        if session.rewrite:  # (rare: re-encoded, no byte-level rewrite needed)
             params["sessionId"] = session.bridge_id
-            rewritten = rewrite_session_id(line, session.agent_id, session.bridge_id)
-            data = dumps(msg) if rewritten is None else rewritten + b"\n"
+            data = dumps(msg)
         else:
             data = line + b"\n"
         client.put_update(data, session)

@@ -28,8 +28,6 @@ import structlog
 from acp_bridge.config import remote
 from acp_bridge.engine.mcp_acp import Export
 from acp_bridge.mcp.acp import acp_flavour, is_acp_server
-from acp_bridge.mcp.modern import complete
-from acp_bridge.mcp.tools import error_result
 from acp_bridge.sessions.tree import tools_for
 
 if TYPE_CHECKING:
@@ -272,13 +270,9 @@ class Offers:
             self._hub.spawn(self._acp_call, own)
 
     async def _acp_call(self, own: OwnCall) -> None:
+        assert isinstance(own.grant, str)  # (the token its route was declared with)
         with own.scope:
-            grant = self.endpoint.grant(own.grant) if isinstance(own.grant, str) else None
-            if grant is None:
-                ended = error_result("the calling session has ended")
-                outcome = {"result": complete(ended)}
-            else:
-                outcome = await self.endpoint.acp_call(grant, own.method, own.params)
+            outcome = await self.endpoint.acp_call(own.grant, own.method, own.params)
             self._mcp.answer_own(own, outcome)
 
     # ------------------------------------------------------------------ reaching the listener

@@ -176,10 +176,6 @@ class McpEndpoint:
         for grant in self.tokens.revoke_session(session):
             self._cancel_sessions(self.core.drop_grant(grant), "revoked")
 
-    def grant(self, token: str) -> Grant | None:
-        """The grant of a sub-agent server's token (what a call over ACP runs as)."""
-        return self.tokens.check(token)
-
     def _cancel_sessions(self, sessions: Sequence[McpSession], why: str) -> None:
         ids = {s.id for s in sessions}
         for (session_id, _), (scope, reasons) in list(self._calls.items()):
@@ -277,12 +273,16 @@ class McpEndpoint:
 
     # ------------------------------------------------------------------ over ACP
 
-    async def acp_call(self, grant: Grant, method: str, params: JsonObject | None) -> JsonObject:
+    async def acp_call(self, token: str, method: str, params: JsonObject | None) -> JsonObject:
         """
-        An agent's ``mcp/message`` to the bridge's own server (MCP 2026-07-28 over ACP): its
-        inner outcome. A tool call runs as over HTTP, with the same deadline; the caller's
-        scope cancels it (the agent withdrew it, or its session ended).
+        An agent's ``mcp/message`` to the bridge's own server (MCP 2026-07-28 over ACP), under
+        the ``token`` its session was offered the server with: its inner outcome. A tool call
+        runs as over HTTP, with the same deadline; the caller's scope cancels it (the agent
+        withdrew it, or its session ended).
         """
+        grant = self.tokens.check(token)
+        if grant is None:
+            return self.core.acp_outcome(error_result("the calling session has ended"))
         outcome = self.core.acp_message(grant, method, params)
         if not isinstance(outcome, Run):
             return outcome

@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 #: Newest first; ``initialize`` answers the client's version if it is here, else the first.
-PROTOCOL_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+PROTOCOL_VERSIONS: Final = modern.HANDSHAKE_VERSIONS
 #: What a request without ``MCP-Protocol-Version`` speaks (the spec's rule for old clients).
 ASSUMED_VERSION: Final = "2025-03-26"
 #: Largest request body: a prompt of MAX_PROMPT_CHARS, JSON-escaped, fits. Larger: 413.
@@ -105,6 +105,8 @@ class Grant:
         target: a re-export token's: the client's ``acp`` server it reaches (the trio side's
             own); None for a sub-agent server's.
         in_flight: a re-export token's requests in flight.
+        client_capabilities: a re-export token's: what its MCP client's ``initialize`` named
+            (a client of a revision before 2026-07-28 says it once, not in each request).
     """
 
     token: str = attrs.field(repr=False)
@@ -112,6 +114,7 @@ class Grant:
     session: str | None = None
     target: object = None
     in_flight: int = 0
+    client_capabilities: dict[str, Any] | None = None
 
 
 class TokenRegistry:

@@ -12,6 +12,14 @@ binding speaks), for the two places the bridge meets it:
   notifications or ``initialize``), its answer JSON, or server-sent events when notifications
   come first (:func:`answer`, :func:`sse`).
 
+The re-export also translates for an HTTP MCP client of an earlier revision (the ``initialize``
+handshake, :data:`HANDSHAKE_VERSIONS`: what most agents' MCP clients speak today), which the
+SDK's does not: its ``initialize`` is answered from the server's ``server/discover``
+(:func:`handshake_answer`), ``ping`` and notifications here, and each other request goes on
+with the envelope the revision requires, the capabilities its ``initialize`` named
+(:func:`export_request`); a result loses what only the revision has, and one asking for more
+input, which the earlier revisions cannot carry, is an error (:func:`answer`).
+
 Pure: no trio, no socket.
 """
 
@@ -31,10 +39,13 @@ if TYPE_CHECKING:
     from acp_bridge.protocol.jsonrpc import JsonObject
 
 __all__ = [
+    "HANDSHAKE_VERSIONS",
     "HEADER_MISMATCH",
     "MODERN_VERSION",
     "UNSUPPORTED_VERSION",
+    "Cancelled",
     "ExportRequest",
+    "Initialize",
     "answer",
     "binding_error",
     "complete",
@@ -42,12 +53,17 @@ __all__ = [
     "envelope_error",
     "export_head",
     "export_request",
+    "handshake_answer",
+    "rewrite_notification",
     "sse",
     "strip_header_annotations",
+    "with_envelope",
 ]
 
 #: The revision: its requests carry it in ``params._meta``.
 MODERN_VERSION: Final = "2026-07-28"
+#: The revisions of the ``initialize`` handshake, newest first.
+HANDSHAKE_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 META_VERSION: Final = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO: Final = "io.modelcontextprotocol/serverInfo"
@@ -123,11 +139,32 @@ def discover_result(
 
 @attrs.frozen
 class ExportRequest:
-    """A POSTed request that passed: its JSON-RPC id, method and params."""
+    """
+    A POSTed request that passed: its JSON-RPC id, method and params (with the revision's
+    envelope); ``handshake``: from a client of an earlier revision, answered as one.
+    """
 
     id: str | int
     method: str
     params: JsonObject | None
+    handshake: bool = False
+
+
+@attrs.frozen
+class Initialize:
+    """An ``initialize`` of a client of an earlier revision: the version to answer, and the
+    capabilities it named (each of its later requests carries them on)."""
+
+    id: str | int
+    version: str
+    capabilities: JsonObject
+
+
+@attrs.frozen
+class Cancelled:
+    """``notifications/cancelled`` of a client of an earlier revision: its request ``id``."""
+
+    id: object
 
 
 def _error_body(request_id: object, code: int, message: str, data: Any = None) -> JsonObject:
@@ -148,9 +185,11 @@ def _refuse(
     message: str,
     data: Any = None,
     headers: tuple[tuple[str, str], ...] = (),
+    *,
+    status_ok: bool = False,
 ) -> Response:
     body = orjson.dumps(_error_body(request_id, code, message, data))
-    return Response(status, body, headers, _JSON)
+    return Response(200 if status_ok else status, body, headers, _JSON)
 
 
 def export_head(head: RequestHead) -> Response | None:
@@ -178,12 +217,21 @@ def export_head(head: RequestHead) -> Response | None:
     return framing if isinstance(framing, Response) else None
 
 
-def export_request(body: bytes, head: RequestHead) -> ExportRequest | Response:
-    """A re-exported server's POSTed body: one request of this revision, or the refusal."""
+def export_request(
+    body: bytes, head: RequestHead, *, capabilities: JsonObject | None = None
+) -> ExportRequest | Initialize | Cancelled | Response:
+    """
+    A re-exported server's POSTed body: one request of this revision, or the refusal; from a
+    client of an earlier revision (see the module), its ``initialize``, a cancel, a request
+    with the envelope added (``capabilities``: what its ``initialize`` named), or the answer
+    given here (``ping``, other notifications).
+    """
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:
         return _refuse(400, None, -32700, "Parse error")
+    if isinstance(message, dict) and _handshake_era(message, head):
+        return _handshake_request(message, capabilities or {})
     obj = message if isinstance(message, dict) else None
     raw_id = obj.get("id") if obj is not None else None
     request_id = raw_id if type(raw_id) in (str, int) else None
@@ -252,6 +300,91 @@ def export_request(body: bytes, head: RequestHead) -> ExportRequest | Response:
     return ExportRequest(request_id, method, params)
 
 
+def _handshake_era(message: JsonObject, head: RequestHead) -> bool:
+    """
+    A message of an earlier revision: ``initialize``, or one whose body names no version (the
+    revision's envelope) and whose header names one of those revisions or none (clients before
+    2025-06-18 send none). A body that names a version is judged as the revision's (a
+    mismatch, or a version it does not serve, is said so).
+    """
+    if message.get("method") == "initialize":
+        return True
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and META_VERSION in meta:
+        return False
+    header = _single(head, "mcp-protocol-version")
+    return header is None or header in HANDSHAKE_VERSIONS
+
+
+def _handshake_request(
+    message: JsonObject, capabilities: JsonObject
+) -> ExportRequest | Initialize | Cancelled | Response:
+    raw_id = message.get("id")
+    method = message.get("method")
+    params = message.get("params")
+    if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
+        if "result" in message or "error" in message:
+            return Response(202)  # (an answer: the re-export asks nothing of its clients)
+        return _refuse(400, None, -32600, "not a JSON-RPC 2.0 message", status_ok=True)
+    if params is not None and not isinstance(params, dict):
+        return _refuse(400, raw_id, -32602, "Parameters must be an object")
+    if "id" not in message:
+        if method == "notifications/cancelled" and isinstance(params, dict):
+            return Cancelled(params.get("requestId"))
+        return Response(202)
+    if type(raw_id) not in (str, int):
+        return _refuse(400, None, -32600, "id must be a string or an integer")
+    assert isinstance(raw_id, str | int)
+    if method == "initialize":
+        asked = params.get("protocolVersion") if params is not None else None
+        version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
+        named = params.get("capabilities") if params is not None else None
+        assert isinstance(version, str)
+        return Initialize(raw_id, version, named if isinstance(named, dict) else {})
+    if method == "ping":
+        pong = orjson.dumps({"jsonrpc": "2.0", "id": raw_id, "result": {}})
+        return Response(200, pong, (), _JSON)
+    return ExportRequest(raw_id, method, with_envelope(params, capabilities), handshake=True)
+
+
+def with_envelope(params: JsonObject | None, capabilities: JsonObject) -> JsonObject:
+    """``params`` with the revision's envelope in ``_meta`` (what else is there is kept)."""
+    inner = dict(params) if params is not None else {}
+    meta = inner.get("_meta")
+    inner["_meta"] = {
+        **(meta if isinstance(meta, dict) else {}),
+        META_VERSION: MODERN_VERSION,
+        META_CAPABILITIES: capabilities,
+    }
+    return inner
+
+
+def handshake_answer(
+    initialize: Initialize, discovered: JsonObject, name: str
+) -> tuple[int, JsonObject]:
+    """
+    The answer to a handshake client's ``initialize``, from the server's ``server/discover``
+    outcome (its capabilities, instructions and name; ``name`` when it gives none).
+    """
+    if "result" not in discovered or not isinstance(discovered["result"], dict):
+        error = discovered.get("error")
+        error = error if isinstance(error, dict) else {"code": -32603, "message": "no answer"}
+        return 200, {"jsonrpc": "2.0", "id": initialize.id, "error": error}
+    found = discovered["result"]
+    meta = found.get("_meta")
+    info = meta.get(META_SERVER_INFO) if isinstance(meta, dict) else None
+    capabilities = found.get("capabilities")
+    result: JsonObject = {
+        "protocolVersion": initialize.version,
+        "capabilities": capabilities if isinstance(capabilities, dict) else {},
+        "serverInfo": info if isinstance(info, dict) else {"name": name, "version": "0"},
+    }
+    if isinstance(found.get("instructions"), str):
+        result["instructions"] = found["instructions"]
+    return 200, {"jsonrpc": "2.0", "id": initialize.id, "result": result}
+
+
 def _single(head: RequestHead, name: str) -> str | None:
     values = head.values(name)
     return values[0].strip() if len(values) == 1 else None
@@ -279,12 +412,20 @@ def answer(request: ExportRequest, request_id: str, outcome: JsonObject) -> tupl
     if "result" not in outcome and isinstance(outcome.get("error"), dict):
         message = _error_body(request.id, 0, "")
         message["error"] = outcome["error"]
-        return _status_of(outcome["error"].get("code")), message
+        return _status_of(outcome["error"].get("code"), request.handshake), message
     result = outcome.get("result")
     if request.method == "tools/list":
         result = strip_header_annotations(result)
     if isinstance(result, dict):
         result = _rewrite_subscription(result, request_id, request.id)
+    if request.handshake and isinstance(result, dict):
+        kind = result.get("resultType", "complete")
+        if kind != "complete":
+            # (An input-required result: the server asks the client for more, in a way only
+            # this revision has.)
+            why = f"the server answered {kind!r}, which MCP {MODERN_VERSION} alone can carry"
+            return 200, _error_body(request.id, -32603, why)
+        result = {k: v for k, v in result.items() if k not in _MODERN_ONLY}
     return 200, {"jsonrpc": "2.0", "id": request.id, "result": result}
 
 
@@ -298,7 +439,7 @@ def binding_error(request: ExportRequest, code: int, message: str) -> tuple[int,
     one of the binding's, else ``-33002`` (the provider failed without an MCP outcome).
     """
     code = code if code in BINDING_CODES else -33002
-    return _status_of(code), _error_body(request.id, code, message)
+    return _status_of(code, request.handshake), _error_body(request.id, code, message)
 
 
 def rewrite_notification(params: JsonObject | None, request_id: str, http_id: object) -> Any:
@@ -311,7 +452,14 @@ def sse(message: JsonObject) -> bytes:
     return b"event: message\ndata: " + orjson.dumps(message) + b"\n\n"
 
 
-def _status_of(code: object) -> int:
+#: What a result of the revision says that an earlier revision's has no place for.
+_MODERN_ONLY: Final = frozenset({"resultType", "cacheScope", "ttlMs"})
+
+
+def _status_of(code: object, handshake: bool = False) -> int:
+    """The HTTP status of an error answer: the revision's; always 200 for an earlier one."""
+    if handshake:
+        return 200
     if code in (HEADER_MISMATCH, -32021, UNSUPPORTED_VERSION, -32602):
         return 400
     return 404 if code == -32601 else 200

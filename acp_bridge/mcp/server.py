@@ -146,6 +146,8 @@ class McpEndpoint:
         )
         # (MCP session id, JSON-RPC id) -> the call's scope, and why it was cancelled
         self._calls: dict[tuple[str, object], tuple[trio.CancelScope, list[str]]] = {}
+        # (re-export token's grant, JSON-RPC id) -> the scope of that request in flight
+        self._exported: dict[tuple[Grant, object], trio.CancelScope] = {}
         self._started: trio.Event | None = None
 
     # ------------------------------------------------------------------ tokens
@@ -374,9 +376,10 @@ class McpEndpoint:
 
     async def _export(self, exchange: Exchange) -> Response | None:
         """
-        A POST to a client's re-exported server: checked as MCP 2026-07-28 over HTTP, then one
-        ``mcp/message`` to the client; its answer as JSON, or as events when notifications
-        come first. The HTTP client hanging up cancels it at the client.
+        A POST to a client's re-exported server: checked as MCP 2026-07-28 over HTTP (or
+        translated from an earlier revision: ``mcp.modern``), then one ``mcp/message`` to the
+        client; its answer as JSON, or as events when notifications come first. The HTTP
+        client hanging up (or, of an earlier revision, cancelling it) cancels it at the client.
         """
         grant = _grant(exchange)
         refusal = modern.export_head(exchange.head)
@@ -391,12 +394,38 @@ class McpEndpoint:
             body = await exchange.body(modern.MAX_EXPORT_BODY)
             if isinstance(body, Response):
                 return body
-            request = modern.export_request(body, exchange.head)
+            request = modern.export_request(
+                body, exchange.head, capabilities=grant.client_capabilities
+            )
             if isinstance(request, Response):
                 return request
+            if isinstance(request, modern.Cancelled):
+                scope = self._exported.get((grant, _key(request.id)))
+                if scope is not None:
+                    scope.cancel()
+                return ACCEPTED
+            if isinstance(request, modern.Initialize):
+                return await self._initialize(grant, request)
             return await self._forward(exchange, grant, request)
         finally:
             grant.in_flight -= 1
+
+    async def _initialize(self, grant: Grant, initialize: modern.Initialize) -> Response:
+        """A handshake client's ``initialize``: answered from the server's ``server/discover``."""
+        assert self.clients is not None
+        grant.client_capabilities = initialize.capabilities
+        params = modern.with_envelope(None, initialize.capabilities)
+        send, _ = trio.open_memory_channel[JsonObject](EXPORT_EVENTS)
+        discovered: JsonObject = {"error": {"code": BACKEND_FAILED, "message": "no answer"}}
+        with send, trio.move_on_after(self.call_timeout):
+            try:
+                _, discovered = await self.clients.call(
+                    grant.target, "server/discover", params, send
+                )
+            except JsonRpcError as exc:
+                discovered = {"error": {"code": exc.code, "message": exc.message}}
+        status, message = modern.handshake_answer(initialize, discovered, "mcp-over-acp")
+        return Response(status, orjson.dumps(message), content_type="application/json")
 
     async def _forward(
         self, exchange: Exchange, grant: Grant, request: modern.ExportRequest
@@ -425,7 +454,9 @@ class McpEndpoint:
             gone = True
             nursery.cancel_scope.cancel()
 
+        key = (grant, _key(request.id))
         async with trio.open_nursery() as nursery:
+            self._exported[key] = nursery.cancel_scope
             nursery.start_soon(watch_peer)
             nursery.start_soon(ask)
             async for note in receive:
@@ -444,7 +475,9 @@ class McpEndpoint:
                     gone = True
                     nursery.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
-        if gone or not ended:
+        if self._exported.get(key) is nursery.cancel_scope:
+            del self._exported[key]
+        if gone or not ended:  # (its client hung up, or cancelled it: nobody to answer)
             return None
         last = ended[0]
         if isinstance(last, JsonRpcError):

@@ -124,7 +124,8 @@ async def test_an_http_only_agent_calls_the_clients_server_through_the_re_export
     """
     An agent with http MCP and no acp gets the client's server as a loopback HTTP entry with
     a token; the Python ``mcp`` SDK finds MCP 2026-07-28 there (``server/discover``), calls the
-    tool, and reads the progress notification the client's server sent.
+    tool, and reads the progress notification the client's server sent. The same SDK as a
+    client of the ``initialize`` handshake is served too, translated.
     """
     http_agent = shlex.join(
         [sys.executable, str(PEERS / "mcp_http_agent.py"), "h", str(tmp_path / "agent-h.ndjson")]
@@ -136,6 +137,12 @@ async def test_an_http_only_agent_calls_the_clients_server_through_the_re_export
         "isError": False,
         "progress": ["working on H"],
         "version": "2026-07-28",
+    }
+    assert report["legacy"] == {
+        "text": "echo:L",
+        "isError": False,
+        "progress": ["working on L"],
+        "version": "2025-11-25",
     }
     [new] = [m for m in _agent_lines(tmp_path, "h") if m.get("method") == "session/new"]
     entry, own = new["params"]["mcpServers"]

@@ -183,7 +183,6 @@ def test_a_request_of_the_revision_passes():
         (post(name="echo", _meta=META), routed(name="=?base64?!!?="), (400, -32020)),
         (post(_meta=META), routed(name=None), (400, -32602)),
         (post(name="echo", _meta=META), routed(**{"mcp-param-text": "x"}), (400, -32020)),
-        (post("initialize", _meta=META), routed("initialize", None), (404, -32601)),
     ],
 )
 def test_a_request_the_re_export_refuses(body, head, expected):
@@ -237,3 +236,91 @@ def test_a_binding_failure_keeps_only_the_bindings_codes():
     )
     assert modern.binding_error(request, -32603, "x")[1]["error"]["code"] == -33002
     assert modern.sse({"a": 1}) == b'event: message\ndata: {"a":1}\n\n'
+
+
+# --------------------------------------------------------------------------- earlier revisions
+
+
+def handshake(method: str = "tools/call", *, version: str | None = "2025-06-18") -> RequestHead:
+    extra = {} if version is None else {"mcp-protocol-version": version}
+    return export_head(**extra)
+
+
+def test_an_initialize_of_an_earlier_revision_is_answered_from_the_servers_discovery():
+    caps = {"roots": {}}
+    init = modern.export_request(
+        post("initialize", protocolVersion="2025-03-26", capabilities=caps), handshake(version=None)
+    )
+    assert init == modern.Initialize(1, "2025-03-26", caps)
+    unknown = modern.export_request(post("initialize", protocolVersion="1999-01-01"), handshake())
+    assert isinstance(unknown, modern.Initialize)
+    assert unknown.version == "2025-11-25"
+    discovered = {
+        "result": modern.discover_result({"tools": {}}, {"name": "tools", "version": "2"}, "hi")
+    }
+    assert modern.handshake_answer(init, discovered, "fallback") == (
+        200,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "result": {
+                "protocolVersion": "2025-03-26",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "tools", "version": "2"},
+                "instructions": "hi",
+            },
+        },
+    )
+    failed = modern.handshake_answer(init, {"error": {"code": -32601, "message": "no"}}, "f")
+    assert failed == (200, {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no"}})
+
+
+def test_a_request_of_an_earlier_revision_gets_the_envelope_and_its_initializes_capabilities():
+    request = modern.export_request(
+        post(name="echo", _meta={"progressToken": 3}), handshake(), capabilities={"roots": {}}
+    )
+    assert request == modern.ExportRequest(
+        1,
+        "tools/call",
+        {
+            "name": "echo",
+            "_meta": {
+                "progressToken": 3,
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {"roots": {}},
+            },
+        },
+        handshake=True,
+    )
+    # What only the revision has is left out of its answer; errors are HTTP 200.
+    outcome = {
+        "result": {"tools": [], "resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
+    }
+    listed = modern.ExportRequest(2, "tools/list", {}, handshake=True)
+    assert modern.answer(listed, "r", outcome) == (
+        200,
+        {"jsonrpc": "2.0", "id": 2, "result": {"tools": []}},
+    )
+    error = {"error": {"code": -32602, "message": "bad"}}
+    assert modern.answer(listed, "r", error)[0] == 200
+    assert modern.binding_error(listed, -33001, "gone")[0] == 200
+    # A result asking for more input cannot be carried back.
+    asking = {"result": {"resultType": "input_required", "inputRequests": {}}}
+    status, message = modern.answer(listed, "r", asking)
+    assert (status, message["error"]["code"]) == (200, -32603)
+
+
+def test_ping_and_notifications_of_an_earlier_revision_are_answered_by_the_re_export():
+    pong = modern.export_request(post("ping"), handshake())
+    assert isinstance(pong, Response)
+    assert orjson.loads(pong.body) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    initialized = modern.export_request(post("notifications/initialized", id=None), handshake())
+    assert isinstance(initialized, Response)
+    assert initialized.status == 202
+    cancelled = modern.export_request(
+        post("notifications/cancelled", id=None, requestId=5), handshake()
+    )
+    assert cancelled == modern.Cancelled(5)
+    answer = modern.export_request(b'{"jsonrpc":"2.0","id":1,"result":{}}', handshake())
+    assert isinstance(answer, Response)
+    assert answer.status == 202

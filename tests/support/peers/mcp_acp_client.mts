@@ -11,7 +11,8 @@
 //
 //   relay       sessions on agents a and b (both given "tools"), prompted at once to call echo
 //               with the same inner requestId
-//   http        a session on agent h (HTTP MCP only) given "tools", prompted to call echo
+//   http        a session on agent h (HTTP MCP only) given "tools", prompted to call echo, as
+//               a client of MCP 2026-07-28 and as one of the initialize handshake
 //   subagents   a session on agent a, prompted to list and call the bridge's own server
 import { spawn } from "node:child_process";
 import { appendFileSync, writeFileSync } from "node:fs";
@@ -119,6 +120,7 @@ await app.connectWith(acp.ndJsonStream(output, input), async (ctx: any) => {
   } else if (scenario === "http") {
     const h = await open("h", [tools.declaration]);
     report.call = await ask(h, `call tools echo '{"text":"H"}'`);
+    report.legacy = await ask(h, `call-legacy tools echo '{"text":"L"}'`);
   } else if (scenario === "subagents") {
     const a = await open("a", []);
     report.servers = await ask(a, "servers");

@@ -13,6 +13,8 @@ holding JSON:
 - ``call SERVER TOOL ARGS_JSON``       ``tools/call`` on that HTTP server (the SDK picks the
                                        MCP revision by probing ``server/discover``):
                                        ``{"text", "isError", "progress": [messages], "version"}``
+- ``call-legacy SERVER TOOL ARGS_JSON`` the same through the ``initialize`` handshake (the
+                                       revisions before 2026-07-28)
 """
 
 from __future__ import annotations
@@ -81,9 +83,10 @@ class HttpAgent:
     async def run(self, sid: str, words: list[str]) -> Any:
         if words[0] == "servers":
             return self.servers[sid]
-        _, server, tool, args = words
+        command, server, tool, args = words
         [entry] = [s for s in self.servers[sid] if s.get("name") == server]
-        return await call_tool(entry, tool, json.loads(args))
+        mode = "legacy" if command == "call-legacy" else "auto"
+        return await call_tool(entry, tool, json.loads(args), mode)
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -102,7 +105,7 @@ def _append(path: str, line: bytes) -> None:
         f.write(line)
 
 
-async def call_tool(entry: dict[str, Any], tool: str, arguments: dict[str, Any]) -> Any:
+async def call_tool(entry: dict[str, Any], tool: str, arguments: dict[str, Any], mode: str) -> Any:
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
@@ -115,7 +118,7 @@ async def call_tool(entry: dict[str, Any], tool: str, arguments: dict[str, Any])
 
     async with (
         httpx2.AsyncClient(headers=headers) as http,
-        Client(streamable_http_client(entry["url"], http_client=http)) as client,
+        Client(streamable_http_client(entry["url"], http_client=http), mode=mode) as client,
     ):
         result = await client.call_tool(tool, arguments, progress_callback=on_progress)
         version = client.protocol_version

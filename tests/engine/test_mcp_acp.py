@@ -6,6 +6,7 @@ own server; withdrawals, endings and bounds.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -267,3 +268,122 @@ async def test_the_bridges_own_server_over_acp_runs_the_tools_as_the_session():
             )
             withdrawn = await receive.receive()
             assert withdrawn["error"]["code"] == -32800
+
+
+# --------------------------------------------------------------------------- the re-export
+
+
+async def post(entry: dict[str, Any], payload: dict[str, Any], **headers: str) -> trio.SocketStream:
+    """POST ``payload`` to a re-exported server's entry; the open connection (to read or drop)."""
+    url = entry["url"].removeprefix("http://")
+    hostport, _, path = url.partition("/")
+    port = int(hostport.rsplit(":", 1)[1])
+    body = json.dumps(payload).encode()
+    lines = [
+        f"POST /{path} HTTP/1.1",
+        f"Host: {hostport}",
+        f"Authorization: {entry['headers'][0]['value']}",
+        "Content-Type: application/json",
+        "Accept: application/json, text/event-stream",
+        f"Content-Length: {len(body)}",
+        *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items()),
+    ]
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+    return stream
+
+
+async def read_all(stream: trio.SocketStream) -> bytes:
+    """Everything the bridge answers on ``stream`` until it closes it; then closed here too."""
+    async with stream:
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+        return data
+
+
+def modern_call(text: str, id: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
+    params = {"name": "echo", "arguments": {"text": text}, "_meta": META}
+    headers = {"mcp_protocol_version": "2026-07-28", "mcp_method": "tools/call", "mcp_name": "echo"}
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}, headers
+
+
+async def test_the_re_export_answers_with_events_when_a_notification_comes_first():
+    fakes = {"h": FakeAgent("h", capabilities=HTTP)}
+    async with open_bridge(fakes) as (client, _):
+        with trio.fail_after(TIMEOUT):
+            await client.new_session(mcpServers=[TOOLS])
+            entry = servers_of(fakes["h"])[0]
+            payload, headers = modern_call("x", id=41)
+            stream = await post(entry, payload, **headers)
+            asked = await serve_one(client)
+            assert asked["params"]["serverId"] == "srv"
+            assert asked["params"]["params"]["_meta"] == META
+            answer = await read_all(stream)
+    head, _, events = answer.partition(b"\r\n\r\n")
+    assert b"200 OK" in head
+    assert b"text/event-stream" in head
+    messages = [json.loads(line[6:]) for line in events.split(b"\n") if line.startswith(b"data: ")]
+    note, final = messages
+    assert note["method"] == "notifications/progress"
+    assert final["id"] == 41
+    assert final["result"]["content"][0]["text"] == asked["params"]["requestId"]
+
+
+async def test_an_http_client_hanging_up_cancels_its_request_at_the_client():
+    fakes = {"h": FakeAgent("h", capabilities=HTTP)}
+    async with open_bridge(fakes) as (client, bridge):
+        with trio.fail_after(TIMEOUT):
+            await client.new_session(mcpServers=[TOOLS])
+            entry = servers_of(fakes["h"])[0]
+            payload, headers = modern_call("y")
+            stream = await post(entry, payload, **headers)
+            asked = await client.agent_requests.receive()
+            await stream.aclose()
+            cancel = await client.wait_for(lambda m: m.get("method") == "$/cancel_request")
+            assert cancel["params"] == {"requestId": asked["id"]}
+            # Its late answer goes nowhere; nothing stays in flight.
+            await client.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"result": {}}})
+            session = bridge.hub.sessions.find("h", "s1")
+            assert bridge.mcp.router.in_flight(session.bridge_id) == 0
+
+
+async def test_a_handshake_client_of_the_re_export_is_translated_and_may_cancel():
+    fakes = {"h": FakeAgent("h", capabilities=HTTP)}
+    async with open_bridge(fakes) as (client, _):
+        with trio.fail_after(TIMEOUT):
+            await client.new_session(mcpServers=[TOOLS])
+            entry = servers_of(fakes["h"])[0]
+            init = {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {"roots": {}}},
+            }
+            stream = await post(entry, init)
+            discover = await client.agent_requests.receive()
+            assert discover["params"]["method"] == "server/discover"
+            found = {"capabilities": {"tools": {}}, "supportedVersions": ["2026-07-28"]}
+            await client.send({"jsonrpc": "2.0", "id": discover["id"], "result": {"result": found}})
+            answer = await read_all(stream)
+            result = json.loads(answer.partition(b"\r\n\r\n")[2])["result"]
+            assert result["protocolVersion"] == "2025-06-18"
+            assert result["capabilities"] == {"tools": {}}
+            # A request of its: the envelope added, the capabilities its initialize named.
+            call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "echo"}}
+            stream = await post(entry, call, mcp_protocol_version="2025-06-18")
+            asked = await client.agent_requests.receive()
+            meta = asked["params"]["params"]["_meta"]
+            assert meta["io.modelcontextprotocol/clientCapabilities"] == {"roots": {}}
+            cancelled = {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": 9},
+            }
+            accepted = await read_all(
+                await post(entry, cancelled, mcp_protocol_version="2025-06-18")
+            )
+            assert b"202 Accepted" in accepted
+            cancel = await client.wait_for(lambda m: m.get("method") == "$/cancel_request")
+            assert cancel["params"] == {"requestId": asked["id"]}
+            assert b"200 OK" not in await read_all(stream)  # (nothing answers a cancelled one)

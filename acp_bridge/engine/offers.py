@@ -71,9 +71,6 @@ class Offer:
     exports: list[tuple[Export, str]] = attrs.Factory(list)
     declared: bool = False
 
-    def __bool__(self) -> bool:
-        return self.token is not None or bool(self.exports) or self.declared
-
 
 class Offers:
     """
@@ -121,8 +118,8 @@ class Offers:
         """
         The ``mcpServers`` of a request that opens an agent session (a client's, ``client``'s;
         a child's are offered by :meth:`offer_child`), made what ``agent`` takes: the client's
-        ``acp`` servers, then the bridge's own server unless disabled or unreachable. None:
-        nothing to bind later.
+        ``acp`` servers, then the bridge's own server unless disabled or unreachable. None: not
+        a request that opens a session.
         """
         if method not in OFFERED:
             return None
@@ -132,7 +129,7 @@ class Offers:
             own_session = session if method != "session/fork" else None
             depth = 0 if own_session is None else self._hub.tree.depth(own_session.bridge_id)
             await self._own_server(agent, params, depth, offer)
-        return offer if offer else None
+        return offer
 
     async def offer_child(self, agent: AgentLink, params: JsonObject, depth: int) -> Offer:
         """The bridge's own server for a child's ``session/new`` (``depth``: the child's)."""
@@ -249,7 +246,7 @@ class Offers:
                 logger.warning("mcp_token_not_bound", session=sid)
         for export, _ in offer.exports:
             export.session = sid
-        if offer.declared:
+        if offer.declared or replace:
             agent = self._hub.agents[offer.agent]
             self._mcp.router.bind(agent, offer, sid, replace=replace)
 

@@ -24,9 +24,10 @@ them against the session's roots (the client's paths).
 
 Sub-agents: the bridge's MCP server (DESIGN §9) listens on the bridge's loopback. An ssh agent
 reaches it through a reverse forward on its own connection (:func:`forward_to_bridge`, wired by
-``Subagents.launch_config`` in ``engine.subagents``). The remote port is not the bridge's own:
+``Offers.launch_config`` in ``engine.offers``). The remote port is not the bridge's own:
 when the "remote" host is this one (ssh to another user here), the bridge already holds that
-port. A launcher has no forward of its own: its agents are not offered the server.
+port. A launcher has no forward of its own: its agents get the server only over ACP
+(``mcpCapabilities.acp``: through their own pipe, no port).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from acp_bridge.engine.hub import Hub
 from acp_bridge.engine.links import ClientLink
 from acp_bridge.engine.listing import Listing
 from acp_bridge.engine.log_channel import LogChannel
+from acp_bridge.engine.mcp_acp import McpOverAcp
 from acp_bridge.engine.reattach import Reattach
 from acp_bridge.engine.restore import Restore
 from acp_bridge.engine.reverse import Reverse
@@ -94,10 +95,13 @@ class Bridge:
         self.logs = LogChannel(hub)
         self.approvals = Approvals(hub, self.logs)
         self.reverse = Reverse(hub, self.approvals)
+        self.mcp = McpOverAcp(hub)
         self.reattach = Reattach(hub, self.logs, self.reverse, self.approvals)
-        self.from_agent = FromAgent(hub, self.logs, self.reverse, self.reattach)
+        self.from_agent = FromAgent(hub, self.logs, self.reverse, self.reattach, self.mcp)
         # (the Bridge itself: a child's agent is started by the supervisor, built after it)
-        self.subagents = Subagents(hub, self.from_agent, self.approvals, self.reattach, self)
+        self.subagents = Subagents(
+            hub, self.from_agent, self.approvals, self.reattach, self.mcp, self
+        )
         self.supervisor = Supervisor(
             hub, launcher, self.logs, self.from_agent, self.approvals, self.subagents
         )
@@ -121,12 +125,16 @@ class Bridge:
             self.cancel,
             self.reverse,
             self.approvals,
+            self.mcp,
         )
         # what the services publish, and who listens
         hub.sessions.moved.subscribe(self.reattach.kept_moved)
         hub.sessions.removed.subscribe(self.subagents.removed)
-        self.from_agent.opened.subscribe(self.subagents.opened)
+        hub.sessions.removed.subscribe(self.mcp.session_removed)
+        self.from_agent.opened.subscribe(self.subagents.offers.opened)
         self.supervisor.sessions_ended.subscribe(self.subagents.agent_gone)
+        self.supervisor.sessions_ended.subscribe(self.mcp.agent_gone)
+        self.mcp.own_calls.subscribe(self.subagents.offers.acp_call)
 
     async def run(self, *, task_status: trio.TaskStatus[Bridge] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; agents are stopped when it ends."""
@@ -168,6 +176,7 @@ class Bridge:
     async def close_client(self, client: ClientLink, reason: str) -> None:
         """The client is gone: its sessions detach (see :meth:`Reattach.close_client`)."""
         await self.reattach.close_client(client, reason)
+        self.mcp.client_gone(client)  # (its MCP servers were the connection's, not the sessions')
 
     def status(self) -> JsonObject:
         """Everything ``acp-bridge status`` and ``/metrics`` show (see ``engine.status``)."""

@@ -16,6 +16,7 @@ import structlog
 
 from acp_bridge.engine.links import AgentLink, ClientLink, Waiter
 from acp_bridge.engine.relay import Relay
+from acp_bridge.mcp.acp import MCP_MESSAGE
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.framing import Oversize
 from acp_bridge.protocol.jsonrpc import (
@@ -26,9 +27,10 @@ from acp_bridge.protocol.jsonrpc import (
     classify,
     dumps,
     loads,
+    params_of,
 )
 from acp_bridge.protocol.notices import is_notice, setup_notice, wants_notices
-from acp_bridge.protocol.wire import id_of, well_formed_error
+from acp_bridge.protocol.wire import id_of, is_id, well_formed_error
 from acp_bridge.sessions.table import (
     Forwarded,
     Session,
@@ -42,6 +44,7 @@ from acp_bridge.sessions.topic import Topic
 if TYPE_CHECKING:
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.log_channel import LogChannel
+    from acp_bridge.engine.mcp_acp import McpOverAcp
     from acp_bridge.engine.reattach import Reattach
     from acp_bridge.engine.reverse import Reverse
 
@@ -61,9 +64,12 @@ class FromAgent:
         logs: a diagnostic about an agent to its clients (a stray line on its stdout).
         reverse: an agent's own requests of a client, and its other notifications.
         reattach: the sessions a forwarded request binds, closes or hands to a new owner.
+        mcp: an agent's ``mcp/message`` requests and their withdrawals (MCP over ACP).
     """
 
-    def __init__(self, hub: Hub, logs: LogChannel, reverse: Reverse, reattach: Reattach) -> None:
+    def __init__(
+        self, hub: Hub, logs: LogChannel, reverse: Reverse, reattach: Reattach, mcp: McpOverAcp
+    ) -> None:
         self._hub = hub
         self._sessions = hub.sessions
         self._counters = hub.counters
@@ -72,6 +78,7 @@ class FromAgent:
         self._logs = logs
         self._reverse = reverse
         self._reattach = reattach
+        self._mcp = mcp
         #: a forwarded ``session/new``, ``load``, ``resume`` or ``fork`` ended: its entry
         #: (``extra``: what the sub-agents offered the agent in it), its session (None: failed)
         self.opened: Topic[[Forwarded, Session | None]] = Topic()
@@ -99,19 +106,28 @@ class FromAgent:
             return
         kind = classify(msg)
         if kind is Kind.NOTIFICATION:
-            if msg["method"] == "session/update":
+            method = msg["method"]
+            if method == "session/update":
                 await self._agent_update(agent, msg, line)
-            else:
+            elif not (method == "$/cancel_request" and self._mcp_withdrew(agent, msg)):
                 await self._reverse.agent_notification(agent, msg)
         elif kind is Kind.RESPONSE:
             await self.agent_response(agent, msg)
         elif kind is Kind.REQUEST:
-            await self._reverse.agent_request(agent, msg)
+            if msg["method"] == MCP_MESSAGE:
+                await self._mcp.agent_request(agent, msg)
+            else:
+                await self._reverse.agent_request(agent, msg)
         else:
             agent.log.warning("agent_invalid_message")
             req_id = id_of(msg)
             if req_id is not None:
                 agent.answer(dumps(rpc.error(req_id, JsonRpcError.invalid_request())))
+
+    def _mcp_withdrew(self, agent: AgentLink, msg: JsonObject) -> bool:
+        """The agent's ``$/cancel_request`` named an ``mcp/message`` of its (now withdrawn)."""
+        request_id = params_of(msg).get("requestId")
+        return is_id(request_id) and self._mcp.agent_withdrew(agent, request_id)
 
     async def _agent_update(self, agent: AgentLink, msg: JsonObject, line: bytes) -> None:
         """A session/update the relay left: maybe held, maybe waiting for room."""

@@ -27,6 +27,7 @@ import attrs
 
 from acp_bridge.engine import status as status_report
 from acp_bridge.engine.links import AgentState
+from acp_bridge.mcp.acp import MCP_MESSAGE
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.capabilities import CONNECTION_METHODS, SESSION_METHODS, agent_selector
 from acp_bridge.protocol.diagnostics import LEVEL_RANK, LOG_LEVELS
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
     from acp_bridge.engine.listing import Listing
+    from acp_bridge.engine.mcp_acp import McpOverAcp
     from acp_bridge.engine.reverse import Reverse
     from acp_bridge.engine.session_requests import SessionRequests
     from acp_bridge.engine.supervisor import Supervisor
@@ -72,6 +74,7 @@ class FromClient:
         reverse: the clients' answers to agents' requests (and, with ``approvals``, what
             ``_acp_bridge/status`` reports of them).
         approvals: the permission requests settled so far (for ``_acp_bridge/status``).
+        mcp: the answers and notifications of the client's ``acp`` MCP servers.
     """
 
     _hub: Hub
@@ -81,6 +84,7 @@ class FromClient:
     _cancel: Cancel
     _reverse: Reverse
     _approvals: Approvals
+    _mcp: McpOverAcp
 
     async def line(self, client: ClientLink, line: bytes | Oversize) -> None:
         """
@@ -116,7 +120,8 @@ class FromClient:
         elif kind is Kind.NOTIFICATION:
             await self._notification(client, msg)
         elif kind is Kind.RESPONSE:
-            await self._reverse.client_response(client, msg)
+            if not await self._mcp.client_response(client, msg):
+                await self._reverse.client_response(client, msg)
         elif isinstance(msg, list):
             await self._hub.reply_error(
                 client, None, JsonRpcError.invalid_request("batches are not supported")
@@ -329,6 +334,8 @@ class FromClient:
         params = params_of(msg)
         if method == "session/cancel":
             await self._cancel.cancel_session(client, msg, params)
+        elif method == MCP_MESSAGE:
+            self._mcp.client_notification(client, msg)
         elif method == "$/cancel_request":
             request_id = params.get("requestId")
             target = client.inflight.get(request_id) if is_id(request_id) else None

@@ -37,7 +37,7 @@ class Restore:
         hub: the shared state.
         supervisor: starts a stored session's agent.
         reattach: attaches a restored session, replays a journal, closes a stored session.
-        subagents: offers the bridge's MCP server to a load of the bridge's own.
+        subagents: offer the MCP servers to a load of the bridge's own (its ``offers``).
     """
 
     def __init__(
@@ -129,7 +129,7 @@ class Restore:
                 self._hub.strip_setup(agent, params)
                 query = {**params, "sessionId": session.agent_id}
                 query.pop("_meta", None)
-                await self._subagents.offer_bound(agent, query, session)
+                await self._subagents.offers.offer_bound(agent, query, session, client)
                 session.state = SessionState.LOADING
                 session.client = client
                 try:

@@ -65,7 +65,7 @@ class SessionRequests:
         restore: sessions only the store has, and ended ones whose id went elsewhere.
         reattach: sessions taken back, attached, closed.
         cancel: a closed session's open approvals settled.
-        subagents: the bridge's MCP server offered to a session being opened.
+        subagents: the MCP servers offered to a session being opened (its ``offers``).
     """
 
     def __init__(
@@ -224,8 +224,10 @@ class SessionRequests:
         """
         origin_id = msg["id"]
         entry = Forwarded(client, origin_id, msg["method"], session, context, stripped=stripped)
-        # The bridge's own MCP server, offered to the session being opened (docs/subagents)
-        entry.extra = await self._subagents.offer(agent, msg["method"], params_of(msg), session)
+        # The MCP servers of the session being opened: the bridge's own, the client's acp ones
+        entry.extra = await self._subagents.offers.offer(
+            agent, msg["method"], params_of(msg), session, client
+        )
         bridge_id = agent.pending.add(entry)
         msg["id"] = bridge_id
         remote.map_to_agent(agent.config, msg["method"], params_of(msg))

@@ -1,7 +1,8 @@
 """
 Sub-agents (docs/subagents.md): the bridge's side of the ``acp-bridge`` MCP
 server. :class:`Subagents` is the :class:`~acp_bridge.mcp.tools.SubagentHost` the tools run
-on, and offers the server to every agent session the bridge opens.
+on; its :class:`~acp_bridge.engine.offers.Offers` offer the server to every agent session the
+bridge opens.
 
 A child is an ordinary bridge session (registered, journalled, listed with its parent), owned
 by the connection of the client's session at the top of its tree: its permission requests
@@ -17,19 +18,18 @@ from __future__ import annotations
 
 import functools
 import math
-import secrets
 from typing import TYPE_CHECKING, Final
 
 import attrs
 import structlog
 import trio
 
-from acp_bridge.config import remote
+from acp_bridge.engine.offers import Offers
 from acp_bridge.mcp.tools import AgentInfo, ChildStatus, ToolError
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.capabilities import has_session_cap
 from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcError, dumps
-from acp_bridge.sessions.table import Forwarded, Session, SessionState, Setup
+from acp_bridge.sessions.table import Session, SessionState, Setup
 from acp_bridge.sessions.tree import (
     IDLE,
     RUNNING,
@@ -40,40 +40,24 @@ from acp_bridge.sessions.tree import (
     spawn_refusal,
     subagent_update,
     supports_subagents,
-    tools_for,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from acp_bridge.config.model import AgentConfig
     from acp_bridge.engine.approvals import Approvals
     from acp_bridge.engine.bridge import Bridge
     from acp_bridge.engine.from_agent import FromAgent
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
+    from acp_bridge.engine.mcp_acp import McpOverAcp
     from acp_bridge.engine.reattach import Reattach
     from acp_bridge.mcp.server import McpEndpoint
 
 logger = structlog.get_logger("acp_bridge.subagents")
 
-#: The requests that open (or reopen) an agent session: each is offered the server.
-OFFERED: Final = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
 #: Seconds a child's ``session/close`` may take before it is given up (logged).
 CLOSE_TIMEOUT: Final = 10.0
-#: Where the remote end of an ssh agent's forward to the listener is drawn from, afresh at each
-#: launch: above Linux's default ephemeral range (32768-60999), so it is never the listener's
-#: own port when the "remote" host is this machine, nor an outgoing connection's there. Taken
-#: anyway: ssh exits 255 (ExitOnForwardFailure), a start error naming the host; the restart
-#: draws again.
-REMOTE_PORTS: Final = range(61000, 65536)
-
-
-@attrs.frozen
-class Offer:
-    """What a forwarded request offered its agent: the token of the server's entry."""
-
-    token: str
 
 
 @attrs.define(eq=False)
@@ -91,6 +75,9 @@ class Subagents:
         from_agent: binds the session a child's ``session/new`` answer names.
         approvals: a child's pending permission requests settled when it is cancelled.
         reattach: a closed child's session forgotten.
+        mcp: MCP over ACP (the bridge's own server reached through an agent's pipe, a
+            client's re-exported servers), for the :class:`~acp_bridge.engine.offers.Offers`
+            this builds.
         bridge: reaches the supervisor, built after this service (it asks this one how to
             launch an ssh agent), to start a child's agent.
     """
@@ -101,6 +88,7 @@ class Subagents:
         from_agent: FromAgent,
         approvals: Approvals,
         reattach: Reattach,
+        mcp: McpOverAcp,
         bridge: Bridge,
     ) -> None:
         self._hub = hub
@@ -110,110 +98,21 @@ class Subagents:
         self._reattach = reattach
         self._bridge = bridge
         self.tree = hub.tree
-        self._endpoint: McpEndpoint | None = None
+        #: the MCP servers offered to the sessions the bridge opens, and the endpoint
+        self.offers = Offers(hub, mcp, self)
         self._turns: dict[str, _Turn] = {}
 
     @property
     def endpoint(self) -> McpEndpoint:
-        """The MCP endpoint, made at the first session offered it (not before: an editor's
-        ``initialize`` does not wait for the HTTP stack to be imported)."""
-        if self._endpoint is None:
-            from acp_bridge.mcp.server import McpEndpoint
-
-            self._endpoint = McpEndpoint(self)
-        return self._endpoint
-
-    # ------------------------------------------------------------------ offering the server
-
-    async def offer(
-        self, agent: AgentLink, method: str, params: JsonObject, session: Session | None
-    ) -> Offer | None:
-        """
-        Add the ``acp-bridge`` entry to the ``mcpServers`` of a request that opens an agent
-        session (a client's; a child's are offered in :meth:`spawn`). None: not offered
-        (disabled, an agent that cannot reach the listener: see :func:`reaches`, or no
-        listener).
-        """
-        if method not in OFFERED or not self._config.enabled or not reaches(self, agent):
-            return None
-        depth = (
-            0 if session is None or method == "session/fork" else self.tree.depth(session.bridge_id)
-        )
-        token = await self._mint(depth)
-        if token is None:
-            return None
-        self._add_entry(agent, params, token)
-        return Offer(token)
-
-    async def _mint(self, depth: int) -> str | None:
-        assert self._hub.nursery is not None
-        try:
-            await self.endpoint.start(self._hub.nursery)
-            return self.endpoint.mint(tools_for(depth, self._config.max_depth))
-        except (OSError, RuntimeError, OverflowError) as exc:
-            logger.warning("mcp_server_not_offered", error=str(exc))
-            return None
-
-    def _add_entry(self, agent: AgentLink, params: JsonObject, token: str) -> None:
-        mcp = agent.capabilities.get("mcpCapabilities")
-        http = isinstance(mcp, dict) and mcp.get("http") is True
-        servers = params.get("mcpServers")
-        kept = [s for s in servers if _not_ours(s)] if isinstance(servers, list) else []
-        port = self.endpoint.forwarded.get(agent.name) if agent.config.ssh is not None else None
-        url = None if port is None else self.endpoint.url_at(port)
-        params["mcpServers"] = [*kept, self.endpoint.server_entry(token, http=http, url=url)]
-
-    async def offer_bound(self, agent: AgentLink, params: JsonObject, session: Session) -> None:
-        """A load of the bridge's own (a session restored after a restart): offered, bound."""
-        offer = await self.offer(agent, "session/load", params, session)
-        if offer is not None:
-            self.endpoint.revoke_session(session.bridge_id)  # (one token per session: bounded)
-            self.endpoint.bind(offer.token, session.bridge_id)
-
-    def opened(self, entry: Forwarded, session: Session | None) -> None:
-        """A forwarded request that was offered the server ended: its token bound, or gone."""
-        offer = entry.extra
-        if not isinstance(offer, Offer):
-            return
-        if session is None:
-            self.endpoint.revoke(offer.token)
-            return
-        if entry.method in ("session/load", "session/resume"):
-            # The agent took the session up again with the new entry: the older go.
-            self.endpoint.revoke_session(session.bridge_id)
-        try:
-            self.endpoint.bind(offer.token, session.bridge_id)
-        except (KeyError, ValueError):
-            logger.warning("mcp_token_not_bound", session=session.bridge_id)
-
-    async def launch_config(self, config: AgentConfig) -> AgentConfig:
-        """
-        What an agent is launched with: an ssh agent's connection forwards a remote loopback
-        port (drawn from :data:`REMOTE_PORTS`) to the MCP listener, started now since the
-        forward names its port, and the listener accepts that port in ``Host``. Not forwarded
-        (disabled, no listener): its sessions are not offered the server.
-        """
-        if config.ssh is None or not self._config.enabled:
-            return config
-        assert self._hub.nursery is not None
-        try:
-            await self.endpoint.start(self._hub.nursery)
-        except (OSError, RuntimeError) as exc:
-            logger.warning("mcp_server_not_forwarded", agent=config.name, error=str(exc))
-        port = self.endpoint.port
-        if port is None:
-            self.endpoint.forwarded.pop(config.name, None)
-            return config
-        far = secrets.choice(REMOTE_PORTS)
-        self.endpoint.allow_port(config.name, far)
-        return attrs.evolve(config, ssh=remote.forward_to_bridge(config.ssh, far, port))
+        """The MCP endpoint (:attr:`Offers.endpoint`)."""
+        return self.offers.endpoint
 
     # ------------------------------------------------------------------ sessions ending
 
     def removed(self, session: Session) -> None:
         """A session left the table (closed, deleted, expired): its tokens, its children."""
-        if self._endpoint is not None:
-            self._endpoint.revoke_session(session.bridge_id)
+        if (endpoint := self.offers.started) is not None:
+            endpoint.revoke_session(session.bridge_id)
         child = self.tree.remove(session.bridge_id)
         if child is not None:
             child.state = "closed"
@@ -224,9 +123,10 @@ class Subagents:
 
     def agent_gone(self, agent: AgentLink) -> None:
         """An agent exited: its sessions ended, and with them their children."""
+        endpoint = self.offers.started
         for session in self._hub.sessions.of_agent(agent.name):
-            if self._endpoint is not None:
-                self._endpoint.revoke_session(session.bridge_id)
+            if endpoint is not None:
+                endpoint.revoke_session(session.bridge_id)
             self._close_later(session.bridge_id)
 
     def _close_later(self, parent: str) -> None:
@@ -326,15 +226,12 @@ class Subagents:
         except JsonRpcError as exc:
             raise ToolError(f"agent {agent.name!r} is not available: {exc.message}") from None
         params: JsonObject = {"cwd": cwd, "mcpServers": []}
-        token = await self._mint(depth) if reaches(self, agent) else None
-        if token is not None:
-            self._add_entry(agent, params, token)
+        offer = await self.offers.offer_child(agent, params, depth)
         agent.new_in_flight += 1
         try:
             result = await self._hub.internal_request(agent, "session/new", params)
         except JsonRpcError as exc:
-            if token is not None:
-                self.endpoint.revoke(token)
+            self.offers.withdraw(offer)
             raise ToolError(f"agent {agent.name!r} refused session/new: {exc.message}") from None
         finally:
             agent.new_in_flight = max(0, agent.new_in_flight - 1)
@@ -343,15 +240,13 @@ class Subagents:
         if not isinstance(sid, str) or (
             live is not None and live.state in (SessionState.ACTIVE, SessionState.LOADING)
         ):
-            if token is not None:
-                self.endpoint.revoke(token)
+            self.offers.withdraw(offer)
             raise ToolError(f"agent {agent.name!r} answered session/new without a new session")
         assert isinstance(result, dict)
         session, early = self._from_agent.open_session(
             agent, result, parent.client, Setup((cwd,), parent.unattended), parent=parent.bridge_id
         )
-        if token is not None:
-            self.endpoint.bind(token, session.bridge_id)
+        self.offers.bind(offer, session, replace=False)
         if early:
             logger.info("subagent_early_updates", child=session.bridge_id, count=len(early))
         return session
@@ -492,27 +387,9 @@ class Subagents:
                 logger.warning("subagent_close_failed", agent=agent.name, error=exc.message)
 
 
-def _not_ours(server: object) -> bool:
-    """An ``mcpServers`` entry that is not the bridge's own (a client cannot plant one)."""
-    return not (isinstance(server, dict) and server.get("name") == "acp-bridge")
-
-
 async def _first(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
 
 
-def reaches(subagents: Subagents, agent: AgentLink) -> bool:
-    """
-    ``agent`` can reach the MCP listener: a local one; an ssh one whose connection forwards a
-    port to it (:meth:`Subagents.launch_config`) and that speaks http MCP (a stdio entry would need
-    ``acp-bridge`` installed on the far side). A launcher's engine forwards nothing.
-    """
-    if agent.config.ssh is None:
-        return agent.config.launcher is None
-    mcp = agent.capabilities.get("mcpCapabilities")
-    http = isinstance(mcp, dict) and mcp.get("http") is True
-    return http and agent.name in subagents.endpoint.forwarded
-
-
-__all__ = ["OFFERED", "REMOTE_PORTS", "Offer", "Subagents", "reaches"]
+__all__ = ["CLOSE_TIMEOUT", "Subagents"]

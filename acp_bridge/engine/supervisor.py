@@ -247,7 +247,7 @@ class Supervisor:
         self, agent: AgentLink, *, task_status: trio.TaskStatus[AgentTransport]
     ) -> None:
         try:
-            config = await self._subagents.launch_config(agent.config)
+            config = await self._subagents.offers.launch_config(agent.config)
             agent.exit_status = await self._launcher(config, task_status=task_status)
         finally:
             agent.exited.set()

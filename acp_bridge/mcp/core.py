@@ -46,6 +46,7 @@ from acp_bridge.http.wire import (
     plain,
     presented_bearer,
 )
+from acp_bridge.mcp import modern
 from acp_bridge.mcp.tools import ALL_TOOLS, Invocation, check_arguments, error_result
 from acp_bridge.protocol.jsonrpc import (
     INVALID_PARAMS,
@@ -74,7 +75,7 @@ __all__ = [
 ]
 
 #: Newest first; ``initialize`` answers the client's version if it is here, else the first.
-PROTOCOL_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+PROTOCOL_VERSIONS: Final = modern.HANDSHAKE_VERSIONS
 #: What a request without ``MCP-Protocol-Version`` speaks (the spec's rule for old clients).
 ASSUMED_VERSION: Final = "2025-03-26"
 #: Largest request body: a prompt of MAX_PROMPT_CHARS, JSON-escaped, fits. Larger: 413.
@@ -101,11 +102,19 @@ class Grant:
         token: the bearer token (never logged).
         tools: the tools it is offered (the bridge leaves out ``spawn_agent`` at max depth).
         session: the bridge's id of the session it is bound to; None while pending.
+        target: a re-export token's: the client's ``acp`` server it reaches (the trio side's
+            own); None for a sub-agent server's.
+        in_flight: a re-export token's requests in flight.
+        client_capabilities: a re-export token's: what its MCP client's ``initialize`` named
+            (a client of a revision before 2026-07-28 says it once, not in each request).
     """
 
     token: str = attrs.field(repr=False)
     tools: frozenset[str]
     session: str | None = None
+    target: object = None
+    in_flight: int = 0
+    client_capabilities: dict[str, Any] | None = None
 
 
 class TokenRegistry:
@@ -123,9 +132,10 @@ class TokenRegistry:
     def __len__(self) -> int:
         return len(self._by_digest)
 
-    def mint(self, tools: Sequence[str] = ALL_TOOLS) -> str:
+    def mint(self, tools: Sequence[str] = ALL_TOOLS, *, target: object = None) -> str:
         """
-        A new pending token (256 random bits, URL-safe) offering ``tools``.
+        A new pending token (256 random bits, URL-safe) offering ``tools`` (a re-export's:
+        none, and the ``target`` it reaches).
 
         Raises:
             ValueError: an unknown tool name.
@@ -137,7 +147,7 @@ class TokenRegistry:
         if len(self._by_digest) >= self._max:
             raise OverflowError(f"{self._max} MCP tokens alive: revoke tokens of ended sessions")
         token = secrets.token_urlsafe(32)
-        self._by_digest[_digest(token)] = Grant(token, frozenset(tools))
+        self._by_digest[_digest(token)] = Grant(token, frozenset(tools), target=target)
         return token
 
     def bind(self, token: str, session: str) -> Grant:
@@ -225,9 +235,10 @@ class McpSession:
 
 @attrs.frozen
 class Run:
-    """Run a checked tool call, then answer :meth:`McpCore.finish`'s verdict."""
+    """Run a checked tool call, then answer :meth:`McpCore.finish`'s verdict (or, over ACP,
+    :meth:`McpCore.acp_outcome`'s: ``session`` None)."""
 
-    session: McpSession
+    session: McpSession | None
     request_id: object
     caller: str
     call: Invocation
@@ -275,8 +286,11 @@ class McpCore:
         instructions: str | None = None,
     ) -> None:
         self.tokens = tokens
+        #: the tokens of the clients' ``acp`` servers re-exported at :attr:`export_path`
+        self.exports = TokenRegistry()
         self.tools = tools
         self.path = path
+        self.export_path = f"{path}/client"
         self._server_info = {"name": "acp-bridge", "version": server_version}
         self._instructions = instructions
         self._sessions: dict[str, McpSession] = {}
@@ -284,17 +298,21 @@ class McpCore:
 
     # ------------------------------------------------------------------ HTTP heads
 
-    def site(self, post: H, delete: H) -> Site[H]:
+    def site(self, post: H, delete: H, export: H) -> Site[H]:
         """
         The endpoint's rules, for ``http.server``: ``Host`` (a loopback name with our port, or
         one of a set: ssh agents reach the listener through forwarded ports of theirs; the
         connection's own, see :meth:`hosts`), no ``Origin`` (no browser has business here),
         the path, the method (POST and DELETE: ``GET`` is 405, the spec's answer for a server
-        that offers no SSE stream), the bearer token (:class:`McpBearer`).
+        that offers no SSE stream), the bearer token (:class:`McpBearer`). At
+        :attr:`export_path`, the clients' re-exported servers: POST only (MCP 2026-07-28 has
+        no MCP session to end), each with a token of :attr:`exports`.
         """
         refusal = plain(403, "forbidden: requests from a web page are not accepted")
         route = Route({"POST": post, "DELETE": delete}, credential=McpBearer(self.tokens))
-        return Site(Hosts(frozenset()), {self.path: route}, origin=OriginRule(frozenset(), refusal))
+        exported = Route({"POST": export}, credential=McpBearer(self.exports))
+        routes = {self.path: route, self.export_path: exported}
+        return Site(Hosts(frozenset()), routes, origin=OriginRule(frozenset(), refusal))
 
     @staticmethod
     def hosts(ports: AbstractSet[int]) -> Hosts:
@@ -450,7 +468,54 @@ class McpCore:
 
     def release(self, run: Run) -> None:
         """A call is no longer in flight (answered, cancelled, or its connection is gone)."""
-        run.session.in_flight.discard(run.request_id)
+        if run.session is not None:
+            run.session.in_flight.discard(run.request_id)
+
+    # ------------------------------------------------------------------ over ACP
+
+    def acp_message(
+        self, grant: Grant, method: str, params: Mapping[str, Any] | None
+    ) -> dict[str, Any] | Run:
+        """
+        An ``mcp/message`` request of an agent to the bridge's own server over ACP (MCP
+        2026-07-28: no MCP session, each request says its version in ``_meta``): the inner
+        outcome to answer (``{"result": ...}`` or ``{"error": ...}``), or a call to run (then
+        :meth:`acp_outcome`). The same tools and checks as over HTTP; the calls in flight are
+        bounded by the binding (``mcp.acp``), not per MCP session.
+        """
+        inner = dict(params) if isinstance(params, dict) else {}
+        error = modern.envelope_error(inner)
+        if error is not None:
+            return {"error": error}
+        if method == "server/discover":
+            capabilities = {"tools": {"listChanged": False}}
+            info = modern.discover_result(capabilities, self._server_info, self._instructions)
+            return {"result": info}
+        if method == "tools/list":
+            tools = [self.tools[n] for n in self.tools if n in grant.tools]
+            return {
+                "result": modern.complete({"tools": tools, "cacheScope": "private", "ttlMs": 0})
+            }
+        if method != "tools/call":
+            return {
+                "error": {"code": METHOD_NOT_FOUND, "message": f"Method not found: {method[:100]}"}
+            }
+        name = inner.get("name")
+        if not isinstance(name, str) or name not in grant.tools:
+            shown = name[:100] if isinstance(name, str) else name
+            return {"error": {"code": INVALID_PARAMS, "message": f"unknown tool: {shown!r}"}}
+        checked = check_arguments(self.tools, name, inner.get("arguments"))
+        if isinstance(checked, str):
+            return self.acp_outcome(error_result(checked))
+        if grant.session is None:
+            return self.acp_outcome(
+                error_result(f"{name}: this session is still being set up; try again")
+            )
+        return Run(None, None, grant.session, checked)
+
+    def acp_outcome(self, result: Mapping[str, Any]) -> dict[str, Any]:
+        """The inner outcome of a tool call over ACP: its ``CallToolResult``."""
+        return {"result": modern.complete(dict(result), self._server_info)}
 
     def drop_grant(self, grant: Grant) -> list[McpSession]:
         """Forget the MCP sessions of a revoked token; they are returned (to cancel calls)."""

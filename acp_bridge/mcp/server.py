@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import pathlib
 import sys
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import orjson
 import structlog
 import trio
 
 from acp_bridge import __version__
 from acp_bridge.http.server import HttpServer, Limits
 from acp_bridge.http.wire import MAX_HEAD_BYTES, Response, plain
+from acp_bridge.mcp import modern
+from acp_bridge.mcp.acp import BACKEND_FAILED, RESOURCE_LIMIT
 from acp_bridge.mcp.core import (
     ACCEPTED,
     MAX_BODY_BYTES,
@@ -43,14 +46,22 @@ from acp_bridge.mcp.tools import (
     tool_definitions,
     tool_result,
 )
+from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from acp_bridge.http.server import Exchange
+    from acp_bridge.http.server import EventStream, Exchange
     from acp_bridge.mcp.tools import SubagentHost
 
-__all__ = ["DEFAULT_CALL_TIMEOUT", "TOKEN_ENV", "McpEndpoint", "installed_command"]
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT",
+    "MAX_EXPORT_CALLS",
+    "TOKEN_ENV",
+    "ClientServers",
+    "McpEndpoint",
+    "installed_command",
+]
 
 logger = structlog.get_logger("acp_bridge.mcp")
 
@@ -59,6 +70,36 @@ logger = structlog.get_logger("acp_bridge.mcp")
 DEFAULT_CALL_TIMEOUT: Final = 3600.0
 #: The variable ``acp-bridge mcp`` reads its bearer token from.
 TOKEN_ENV: Final = "ACP_BRIDGE_MCP_TOKEN"
+#: Requests in flight per re-exported server (the SDK's re-export: 64 per connection); one
+#: more is answered 429 with ``RESOURCE_LIMIT``.
+MAX_EXPORT_CALLS: Final = 64
+#: Notifications of one re-exported request waiting to be written as events; one more ends
+#: the request (``RESOURCE_LIMIT``), as the SDK's re-export does when its buffer fills.
+EXPORT_EVENTS: Final = 256
+
+
+class ClientServers(Protocol):
+    """
+    Where a re-exported ``acp`` server's requests go: the client that declared it (the bridge
+    implements it, ``engine.mcp_acp``).
+    """
+
+    async def call(
+        self,
+        target: object,
+        method: str,
+        params: JsonObject | None,
+        events: trio.MemorySendChannel[JsonObject],
+    ) -> tuple[str, JsonObject]:
+        """
+        Ask ``target``'s client: the inner request's id as the client saw it, and its outcome
+        (``{"result": ...}`` or ``{"error": ...}``); each of its notifications (the
+        ``mcp/message`` params) put on ``events`` meanwhile, which is closed at the end.
+
+        Raises:
+            JsonRpcError: an outer failure of the binding (its code is the binding's).
+        """
+        ...
 
 
 #: The endpoint's bounds: what a request may still send after its answer is a body (drained
@@ -81,11 +122,13 @@ class McpEndpoint:
         self,
         host: SubagentHost,
         *,
+        clients: ClientServers | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         path: str = "/mcp",
         limits: Limits = MCP_LIMITS,
     ) -> None:
         self.host = host
+        self.clients = clients
         self.call_timeout = call_timeout
         self.tokens = TokenRegistry()
         self.core = McpCore(
@@ -98,9 +141,13 @@ class McpEndpoint:
         #: agent name -> the remote port its ssh connection forwards here (one per agent: a
         #: relaunch replaces it, so the set ``Host`` may name is bounded by the agents)
         self.forwarded: dict[str, int] = {}
-        self._http = HttpServer(self.core.site(self._post, self._delete), limits, name="mcp")
+        self._http = HttpServer(
+            self.core.site(self._post, self._delete, self._export), limits, name="mcp"
+        )
         # (MCP session id, JSON-RPC id) -> the call's scope, and why it was cancelled
         self._calls: dict[tuple[str, object], tuple[trio.CancelScope, list[str]]] = {}
+        # (re-export token's grant, JSON-RPC id) -> the scope of that request in flight
+        self._exported: dict[tuple[Grant, object], trio.CancelScope] = {}
         self._started: trio.Event | None = None
 
     # ------------------------------------------------------------------ tokens
@@ -109,18 +156,25 @@ class McpEndpoint:
         """A pending token for a session about to be opened (see :class:`TokenRegistry`)."""
         return self.tokens.mint(tools)
 
+    def mint_export(self, target: object) -> str:
+        """A pending token for a client's server re-exported to a session being opened."""
+        return self.core.exports.mint((), target=target)
+
     def bind(self, token: str, session: str) -> None:
         """The session of ``token`` is now known: calls under it run as ``session``."""
-        self.tokens.bind(token, session)
+        registry = self.core.exports if self.core.exports.check(token) else self.tokens
+        registry.bind(token, session)
 
     def revoke(self, token: str) -> None:
         """End ``token``: refused from now on, its MCP sessions gone, its calls cancelled."""
+        self.core.exports.revoke(token)
         grant = self.tokens.revoke(token)
         if grant is not None:
             self._cancel_sessions(self.core.drop_grant(grant), "revoked")
 
     def revoke_session(self, session: str) -> None:
         """End every token bound to ``session`` (as :meth:`revoke`)."""
+        self.core.exports.revoke_session(session)
         for grant in self.tokens.revoke_session(session):
             self._cancel_sessions(self.core.drop_grant(grant), "revoked")
 
@@ -203,6 +257,48 @@ class McpEndpoint:
             "env": [{"name": TOKEN_ENV, "value": token}],
         }
 
+    def export_entry(self, server: JsonObject, token: str, *, url: str | None = None) -> JsonObject:
+        """
+        The ``mcpServers`` entry that re-exports a client's ``acp`` ``server`` over HTTP: its
+        name and ``_meta`` kept, at :attr:`McpCore.export_path`, the token in ``headers``.
+        """
+        base = self.url if url is None else url
+        entry: JsonObject = {
+            "type": "http",
+            "name": server["name"],
+            "url": base.removesuffix(self.core.path) + self.core.export_path,
+            "headers": [{"name": "Authorization", "value": f"Bearer {token}"}],
+        }
+        if "_meta" in server:
+            entry["_meta"] = server["_meta"]
+        return entry
+
+    # ------------------------------------------------------------------ over ACP
+
+    async def acp_call(self, token: str, method: str, params: JsonObject | None) -> JsonObject:
+        """
+        An agent's ``mcp/message`` to the bridge's own server (MCP 2026-07-28 over ACP), under
+        the ``token`` its session was offered the server with: its inner outcome. A tool call
+        runs as over HTTP, with the same deadline; the caller's scope cancels it (the agent
+        withdrew it, or its session ended).
+        """
+        grant = self.tokens.check(token)
+        if grant is None:
+            return self.core.acp_outcome(error_result("the calling session has ended"))
+        outcome = self.core.acp_message(grant, method, params)
+        if not isinstance(outcome, Run):
+            return outcome
+        log = logger.bind(tool=outcome.call.tool, caller=outcome.caller, over="acp")
+        with trio.move_on_after(self.call_timeout):
+            return self.core.acp_outcome(await _call(self.host, outcome, log))
+        log.info("mcp_call_ended", why="deadline")
+        return self.core.acp_outcome(
+            error_result(
+                f"{outcome.call.tool}: no answer within {self.call_timeout:g} s; the call was "
+                "abandoned (a child keeps running: see wait_agents)"
+            )
+        )
+
     # ------------------------------------------------------------------ one connection
 
     async def handle_connection(self, stream: trio.abc.Stream, *, port: int | None = None) -> None:
@@ -241,6 +337,7 @@ class McpEndpoint:
 
     async def _run(self, exchange: Exchange, run: Run) -> Response | None:
         """The call's answer; None when its client hung up (nobody to answer)."""
+        assert run.session is not None  # (over HTTP a call belongs to an MCP session)
         key = (run.session.id, _key(run.request_id))
         scope = trio.CancelScope(deadline=trio.current_time() + self.call_timeout)
         reasons: list[str] = []
@@ -276,6 +373,121 @@ class McpEndpoint:
             else:
                 result = error_result(f"{run.call.tool}: the calling session has ended")
         return self.core.finish(run, result)
+
+    async def _export(self, exchange: Exchange) -> Response | None:
+        """
+        A POST to a client's re-exported server: checked as MCP 2026-07-28 over HTTP (or
+        translated from an earlier revision: ``mcp.modern``), then one ``mcp/message`` to the
+        client; its answer as JSON, or as events when notifications come first. The HTTP
+        client hanging up (or, of an earlier revision, cancelling it) cancels it at the client.
+        """
+        grant = _grant(exchange)
+        refusal = modern.export_head(exchange.head)
+        if refusal is not None:
+            return refusal
+        if self.clients is None or grant.in_flight >= MAX_EXPORT_CALLS:
+            busy = {"code": RESOURCE_LIMIT, "message": "Too many outstanding MCP requests"}
+            refused = orjson.dumps({"jsonrpc": "2.0", "error": busy})
+            return Response(429, refused, content_type="application/json")
+        grant.in_flight += 1
+        try:
+            body = await exchange.body(modern.MAX_EXPORT_BODY)
+            if isinstance(body, Response):
+                return body
+            request = modern.export_request(
+                body, exchange.head, capabilities=grant.client_capabilities
+            )
+            if isinstance(request, Response):
+                return request
+            if isinstance(request, modern.Cancelled):
+                scope = self._exported.get((grant, _key(request.id)))
+                if scope is not None:
+                    scope.cancel()
+                return ACCEPTED
+            if isinstance(request, modern.Initialize):
+                return await self._initialize(grant, request)
+            return await self._forward(exchange, grant, request)
+        finally:
+            grant.in_flight -= 1
+
+    async def _initialize(self, grant: Grant, initialize: modern.Initialize) -> Response:
+        """A handshake client's ``initialize``: answered from the server's ``server/discover``."""
+        assert self.clients is not None
+        grant.client_capabilities = initialize.capabilities
+        params = modern.with_envelope(None, initialize.capabilities)
+        send, _ = trio.open_memory_channel[JsonObject](EXPORT_EVENTS)
+        discovered: JsonObject = {"error": {"code": BACKEND_FAILED, "message": "no answer"}}
+        with send, trio.move_on_after(self.call_timeout):
+            try:
+                _, discovered = await self.clients.call(
+                    grant.target, "server/discover", params, send
+                )
+            except JsonRpcError as exc:
+                discovered = {"error": {"code": exc.code, "message": exc.message}}
+        status, message = modern.handshake_answer(initialize, discovered, "mcp-over-acp")
+        return Response(status, orjson.dumps(message), content_type="application/json")
+
+    async def _forward(
+        self, exchange: Exchange, grant: Grant, request: modern.ExportRequest
+    ) -> Response | None:
+        assert self.clients is not None
+        clients = self.clients
+        send, receive = trio.open_memory_channel[JsonObject](EXPORT_EVENTS)
+        ended: list[JsonRpcError | tuple[str, JsonObject]] = []
+        gone = False
+        events: EventStream | None = None
+
+        async def ask() -> None:
+            with send, trio.move_on_after(self.call_timeout):
+                try:
+                    ended.append(
+                        await clients.call(grant.target, request.method, request.params, send)
+                    )
+                except JsonRpcError as exc:
+                    ended.append(exc)
+                return
+            ended.append(JsonRpcError(BACKEND_FAILED, "no answer from the client in time"))
+
+        async def watch_peer() -> None:
+            nonlocal gone
+            await exchange.wait_gone(MAX_HEAD_BYTES)
+            gone = True
+            nursery.cancel_scope.cancel()
+
+        key = (grant, _key(request.id))
+        async with trio.open_nursery() as nursery:
+            self._exported[key] = nursery.cancel_scope
+            nursery.start_soon(watch_peer)
+            nursery.start_soon(ask)
+            async for note in receive:
+                if events is None:
+                    head = Response(200, b"", (("X-Accel-Buffering", "no"),), "text/event-stream")
+                    events = await exchange.stream(
+                        head, send_timeout=self._http.limits.send_timeout
+                    )
+                message = {"jsonrpc": "2.0", "method": note.get("method")}
+                inner = modern.rewrite_notification(
+                    note.get("params"), str(note.get("requestId")), request.id
+                )
+                if inner is not None:
+                    message["params"] = inner
+                if events is None or not await events.send(modern.sse(message)):
+                    gone = True
+                    nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+        if self._exported.get(key) is nursery.cancel_scope:
+            del self._exported[key]
+        if gone or not ended:  # (its client hung up, or cancelled it: nobody to answer)
+            return None
+        last = ended[0]
+        if isinstance(last, JsonRpcError):
+            status, message = modern.binding_error(request, last.code, last.message)
+        else:
+            status, message = modern.answer(request, *last)
+        if events is not None:
+            await events.send(modern.sse(message))
+            return None
+        return Response(status, orjson.dumps(message), content_type="application/json")
 
 
 def _grant(exchange: Exchange) -> Grant:

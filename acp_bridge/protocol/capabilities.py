@@ -109,10 +109,17 @@ def advertised(default_caps: JsonObject, all_agents_caps: Iterable[JsonObject]) 
     history; resume and close without the agent when it lacks them), and ``list`` when any of
     the agents (``all_agents_caps``) lists sessions.
 
+    ``mcpCapabilities.acp`` is advertised when the default agent takes ``acp`` MCP servers or
+    ``http`` ones: the bridge relays ``mcp/message`` to the first and re-exports a client's
+    server over HTTP to the second (``engine.offers``).
+
     Other calls on sessions of other agents are gated against their own agent's
     capabilities (-32601 when it lacks one); ``_acp_bridge/agents`` lists each agent's.
     """
     caps = dict(default_caps)
+    mcp = caps.get("mcpCapabilities")
+    if isinstance(mcp, dict) and mcp.get("acp") is not True and mcp.get("http") is True:
+        caps["mcpCapabilities"] = {**mcp, "acp": True}
     caps["loadSession"] = True
     session_caps = dict(caps.get("sessionCapabilities") or {})
     session_caps["resume"] = {}
@@ -127,8 +134,10 @@ def advertised(default_caps: JsonObject, all_agents_caps: Iterable[JsonObject]) 
 def strip_unsupported_setup(caps: JsonObject, params: JsonObject) -> list[str]:
     """
     Drop from a session's setup ``params`` what an agent with ``caps`` did not advertise it
-    can take: ``additionalDirectories``, MCP servers of a kind it lacks. Returns what was
-    dropped, for the caller to log (names only: a server's URL or headers may be secret).
+    can take: ``additionalDirectories``, ``http`` and ``sse`` MCP servers when it lacks the
+    kind. Returns what was dropped, for the caller to log (names only: a server's URL or
+    headers may be secret). ``acp`` servers are left to the offer (``engine.offers``): one
+    may reach an agent that lacks the kind, re-exported over HTTP.
     """
     stripped: list[str] = []
     if "additionalDirectories" in params and not has_session_cap(caps, "additionalDirectories"):
@@ -141,7 +150,7 @@ def strip_unsupported_setup(caps: JsonObject, params: JsonObject) -> list[str]:
         kept = []
         for server in servers:
             kind = server.get("type") if isinstance(server, dict) else None
-            if kind in ("http", "sse", "acp") and not mcp.get(kind):
+            if kind in ("http", "sse") and not mcp.get(kind):
                 stripped.append(f"mcpServers: {kind} server {server.get('name')!r}")
             else:
                 kept.append(server)

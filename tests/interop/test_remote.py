@@ -42,7 +42,7 @@ from acp_bridge.config.model import (
     SshConfig,
     parse_config,
 )
-from acp_bridge.engine import subagents as subagents_mod
+from acp_bridge.engine import offers as offers_mod
 from acp_bridge.engine.bridge import Bridge
 from acp_bridge.engine.links import AgentState
 from acp_bridge.faces.status import format_status
@@ -774,7 +774,7 @@ async def test_a_remote_agent_delegates_through_a_forwarded_port_to_a_local_chil
     text = said(client, sid)
     assert re.search(r"\[near \([^)]+\): 1 2 3\] \(end_turn\)", text), text
     assert set(forwarded) == {"far"}
-    assert forwarded["far"] in subagents_mod.REMOTE_PORTS
+    assert forwarded["far"] in offers_mod.REMOTE_PORTS
     assert forwarded["far"] != listener
 
 
@@ -784,7 +784,7 @@ async def test_a_taken_remote_port_is_a_start_error_naming_the_host(sshd, monkey
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        monkeypatch.setattr(subagents_mod, "REMOTE_PORTS", range(port, port + 1))
+        monkeypatch.setattr(offers_mod, "REMOTE_PORTS", range(port, port + 1))
         with trio.fail_after(E2E_TIMEOUT):
             launcher = make_subprocess_launcher(stop_grace=2)
             config = far_and_near(sshd.ssh())

@@ -47,7 +47,7 @@ def judge(
     then the endpoint's own (content type, length)."""
     head = RequestHead(method, target, "1.1", tuple(headers))
     hosts = core.hosts({port} if isinstance(port, int) else port)
-    verdict = core.site("post", "delete").judge(head, now=0.0, hosts=hosts)
+    verdict = core.site("post", "delete", "export").judge(head, now=0.0, hosts=hosts)
     if isinstance(verdict, Response):
         return verdict
     return core.admit(head, verdict.principal)  # type: ignore[arg-type]

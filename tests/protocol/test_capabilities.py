@@ -29,7 +29,8 @@ def test_list_is_advertised_when_any_agent_lists_sessions():
     assert advertised({}, [{}, lister])["sessionCapabilities"]["list"] == {}
 
 
-def test_an_agent_without_them_loses_additional_directories_and_http_sse_acp_servers():
+def test_an_agent_without_them_loses_additional_directories_and_http_sse_servers():
+    """(``acp`` servers are left to the offer: one may be re-exported over HTTP.)"""
     params = {
         "cwd": "/w",
         "additionalDirectories": ["/x"],
@@ -46,12 +47,26 @@ def test_an_agent_without_them_loses_additional_directories_and_http_sse_acp_ser
         "additionalDirectories",
         "mcpServers: http server 'h'",
         "mcpServers: sse server 's'",
-        "mcpServers: acp server 'a'",
     ]
     assert params == {
         "cwd": "/w",
-        "mcpServers": [{"name": "local", "command": "srv", "args": [], "env": []}, "not a server"],
+        "mcpServers": [
+            {"name": "local", "command": "srv", "args": [], "env": []},
+            {"type": "acp", "name": "a"},
+            "not a server",
+        ],
     }
+
+
+def test_acp_mcp_servers_are_advertised_when_the_default_agent_takes_acp_or_http_ones():
+    """The bridge relays ``mcp/message`` to the first and re-exports over HTTP to the second."""
+    assert advertised({"mcpCapabilities": {"http": True}}, [])["mcpCapabilities"] == {
+        "http": True,
+        "acp": True,
+    }
+    assert advertised({"mcpCapabilities": {"acp": True}}, [])["mcpCapabilities"] == {"acp": True}
+    assert "mcpCapabilities" not in advertised({}, [])
+    assert advertised({"mcpCapabilities": {"sse": True}}, [])["mcpCapabilities"] == {"sse": True}
 
 
 def test_what_the_agent_advertised_is_kept_and_nothing_is_reported():

@@ -137,6 +137,15 @@ class FakeAgent:
         await self.write({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params})
         return await receive.receive()
 
+    async def ask(
+        self, req_id: int, method: str, params: dict[str, Any]
+    ) -> trio.MemoryReceiveChannel[dict[str, Any]]:
+        """Send a request under ``req_id`` without waiting: its answer comes on the channel."""
+        send, receive = trio.open_memory_channel[dict[str, Any]](1)
+        self._waiting[req_id] = send
+        await self.write({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params})
+        return receive
+
     async def update(self, sid: str, text: str) -> None:
         await self.write(chunk_update(sid, text))
 

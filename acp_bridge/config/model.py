@@ -153,6 +153,8 @@ class BridgeConfig:
             prompt ``cancelled`` itself and drops the agent's late answer. 0: wait forever.
         history_limit: updates the bridge keeps per session for session/load replay.
         history_bytes: bytes of updates kept per session for replay (the older are trimmed).
+        max_watchers: connections that may watch one session at once beside its owner
+            (``_meta.acp_bridge.watch``); one more is refused.
         experimental_v2: serve ACP v2 to a client that initializes with protocol 2 (the
             draft; docs/v2.md); v1 clients are served v1 either way.
     """
@@ -171,6 +173,7 @@ class BridgeConfig:
     cancel_grace: float = 10.0
     history_limit: int = 10_000
     history_bytes: int = 16 * 1024 * 1024
+    max_watchers: int = 8
     experimental_v2: bool = False
 
 
@@ -458,6 +461,7 @@ def _check(config: Config) -> list[str]:
     need(bridge.agent_queue >= 1, "bridge.agent_queue", "must be at least 1")
     need(bridge.max_agent_requests >= 1, "bridge.max_agent_requests", "must be at least 1")
     need(bridge.detach_grace >= 0, "bridge.detach_grace", "must not be negative")
+    need(bridge.max_watchers >= 0, "bridge.max_watchers", "must not be negative")
     need(bridge.cancel_grace >= 0, "bridge.cancel_grace", "must not be negative")
     need(bridge.history_limit >= 0, "bridge.history_limit", "must not be negative")
     need(bridge.history_bytes >= 0, "bridge.history_bytes", "must not be negative")

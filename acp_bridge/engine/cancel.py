@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from acp_bridge.protocol.jsonrpc import dumps
+from acp_bridge.protocol.wire import TAKE_OVER_HINT
+from acp_bridge.sessions import transitions
 from acp_bridge.sessions.table import Forwarded
 
 if TYPE_CHECKING:
@@ -58,6 +60,20 @@ class Cancel:
         hub = self._hub
         sid = params.get("sessionId")
         session = hub.sessions.get(sid) if isinstance(sid, str) else None
+        if (
+            session is not None
+            and session.watchers is not None
+            and transitions.watcher_of(session, client) is not None
+        ):
+            # (A notification has no answer: the watcher is told on the log channel.)
+            await self._logs.send_log(
+                client,
+                "warning",
+                f"session/cancel refused: this connection only watches the session; "
+                f"{TAKE_OVER_HINT}",
+                session=session,
+            )
+            return
         if session is None or session.client not in (client, None):
             return  # unknown, or not this connection's to cancel
         agent = hub.agents[session.agent]

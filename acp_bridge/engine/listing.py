@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink, ClientLink
     from acp_bridge.protocol.jsonrpc import JsonObject
+    from acp_bridge.sessions.table import Session
 
 
 class Listing:
@@ -55,9 +56,10 @@ class Listing:
                         if not session.roots:
                             session.roots = roots_of(info)
                         info["sessionId"] = session.bridge_id
-                        if session.parent is not None:  # a sub-agent's, tagged with its parent
+                        ours = _listed_meta(client, session)
+                        if ours:  # a sub-agent's, tagged with its parent; owner, watchers
                             meta = info["_meta"] = dict(info.get("_meta") or {})
-                            meta["acp_bridge"] = {"parent": session.parent}
+                            meta["acp_bridge"] = ours
                         sessions.append(info)
                 inner = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
                 if inner is None:
@@ -66,7 +68,7 @@ class Listing:
                     next_cursor = encode_cursor(index, inner)
                     break
             if next_cursor is None:
-                sessions += self._bridge_listed(listing, params.get("cwd"))
+                sessions += self._bridge_listed(client, listing, params.get("cwd"))
             answer: JsonObject = {"sessions": sessions}
             if next_cursor is not None:
                 answer["nextCursor"] = next_cursor
@@ -74,7 +76,9 @@ class Listing:
         except JsonRpcError as exc:
             await hub.reply_error(client, msg["id"], exc)
 
-    def _bridge_listed(self, listing: list[AgentLink], cwd: object) -> list[JsonObject]:
+    def _bridge_listed(
+        self, client: ClientLink, listing: list[AgentLink], cwd: object
+    ) -> list[JsonObject]:
         """Sessions the bridge itself knows that no agent's own list covers (e.g. restored)."""
         listed = {a.name for a in listing}
         out: list[JsonObject] = []
@@ -89,12 +93,31 @@ class Listing:
             info: JsonObject = {"sessionId": session.bridge_id, "cwd": root or "/"}
             if len(session.roots) > 1:
                 info["additionalDirectories"] = list(session.roots[1:])
-            ours = {"agent": session.agent, "state": session.state.value}
-            if session.parent is not None:
-                ours["parent"] = session.parent
-            info["_meta"] = {"acp_bridge": ours}
+            info["_meta"] = {
+                "acp_bridge": {
+                    "agent": session.agent,
+                    "state": session.state.value,
+                    **_listed_meta(client, session),
+                }
+            }
             out.append(info)
         return out
+
+
+def _listed_meta(client: ClientLink, session: Session) -> JsonObject:
+    """
+    What a listed session's ``_meta.acp_bridge`` says of it: its parent (a sub-agent's);
+    to a client that knows the bridge's extensions, its owner (a connection's name, None:
+    detached) and how many connections watch it.
+    """
+    ours: JsonObject = {}
+    if session.parent is not None:
+        ours["parent"] = session.parent
+    if client.extensions:
+        owner = session.client
+        ours["owner"] = owner.name if owner is not None and not owner.closed else None
+        ours["watchers"] = len(session.watchers) if session.watchers is not None else 0
+    return ours
 
 
 __all__ = ["Listing"]

@@ -74,6 +74,8 @@ class Reattach:
         # takes the session back (same ids: what the attach shim relies on), else nowhere.
         client.inflight.clear()
         for session in self._hub.sessions:
+            if session.watchers is not None:
+                transitions.drop_watcher(session, client)
             if session.client is client:
                 await self.detach(session)
         self._approvals.forget_client(client)
@@ -216,8 +218,33 @@ class Reattach:
             await client.send(data)
         await self.present_parked(session, client)
 
-    async def reattach(
+    async def watch(
         self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        """
+        ``session/load`` / ``session/resume`` with ``_meta.acp_bridge.watch``: ``client``
+        follows the session without owning it (replayed as a load is, ``after_seq``
+        honoured), then gets its updates live; the owner keeps it.
+
+        Raises:
+            JsonRpcError: the owner itself, or one watcher more than ``max_watchers``.
+        """
+        refusal = transitions.watch_refusal(session, client, self._hub.config.bridge.max_watchers)
+        if refusal is not None:
+            raise JsonRpcError.invalid_request(refusal)
+        # (Watching again: not live while the replay runs, or it would get updates twice.)
+        transitions.drop_watcher(session, client)
+        approve = bridge_meta(params).get("approve") is True
+        await self.reattach(client, msg, params, session, watch=approve)
+
+    async def reattach(
+        self,
+        client: ClientLink,
+        msg: JsonObject,
+        params: JsonObject,
+        session: Session,
+        *,
+        watch: bool | None = None,
     ) -> None:
         """
         ``session/load`` / ``session/resume`` of a live session, served by the bridge.
@@ -229,7 +256,14 @@ class Reattach:
         shown to it, and the answer's ``_meta.acp_bridge`` says ``lastSeq``, whether the
         replay is ``complete``, and which of the client's requests (``pending``: ids) are
         still to be answered on this connection.
+
+        ``watch`` (not None: whether it approves too): the client becomes a watcher instead
+        (:meth:`watch`); the owner's held answers and owed requests stay the owner's.
         """
+        watching = watch is not None
+        if not watching:
+            # (A watcher taking the session over is its owner from now on.)
+            transitions.drop_watcher(session, client)
         load = msg["method"] == "session/load"
         requested = bridge_meta(params).get("after_seq") if load else None
         if requested is not None and (type(requested) is not int or requested < 0):
@@ -237,7 +271,7 @@ class Reattach:
         catch_up = requested is not None
         after: int = requested or 0
         history = self._hub.history(session)
-        take_held = transitions.take_held
+        take_held = _hold_nothing if watching else transitions.take_held
         complete = True
         if load:
             entries, complete = history.after(after, live_only=catch_up)
@@ -251,13 +285,16 @@ class Reattach:
         else:
             after = history.last_seq  # resume: no replay
         result: JsonObject = dict(session.setup)
-        result["_meta"] = {
-            "acp_bridge": {
-                "lastSeq": history.last_seq,
-                "complete": complete,
-                "pending": self._answers_owed(session, client),
-            }
+        ours: JsonObject = {
+            "lastSeq": history.last_seq,
+            "complete": complete,
+            "pending": [] if watching else self._answers_owed(session, client),
         }
+        if watching:
+            owner = session.client
+            ours["watch"] = True
+            ours["owner"] = owner.name if owner is not None and not owner.closed else None
+        result["_meta"] = {"acp_bridge": ours}
         await client.send_wait(dumps(rpc.result(msg["id"], result)))
         # Updates that came in meanwhile were kept, not sent: send them, then switch the live
         # stream over with no await in between (nothing lost, nothing twice).
@@ -271,6 +308,10 @@ class Reattach:
                 after = seq
                 for held in take_held(session, seq):
                     await client.send_wait(held)
+        if watch is not None:
+            # (Live from here, with no await since the last replayed update.)
+            transitions.add_watcher(session, client, approve=watch)
+            session.log.info("session_watched", client=client.name, approve=watch)
         if not complete:
             await self._logs.send_log(
                 client,
@@ -279,7 +320,8 @@ class Reattach:
                 session=session,
                 firstSeq=history.first_seq,
             )
-        await self.attach(session, client)
+        if not watching:
+            await self.attach(session, client)
 
     def _answers_owed(self, session: Session, client: ClientLink) -> list[JsonRpcId]:
         """Ids of requests whose answers will go to ``client`` once it owns the session."""
@@ -354,6 +396,11 @@ class Reattach:
             f"session replayed from the bridge's journal; the agent cannot continue it ({reason})",
             session=session,
         )
+
+
+def _hold_nothing(session: Session, upto: float) -> list[bytes]:
+    """A watcher's replay: the answers held for the owner stay the owner's."""
+    return []
 
 
 __all__ = ["Reattach"]

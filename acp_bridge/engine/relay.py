@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from acp_bridge.engine.from_agent import FromAgent
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink
+    from acp_bridge.sessions.table import Watcher
 
 #: Agents' readers share a budget of lines per scheduler round: each reader with lines to
 #: handle lets the other tasks run after its share (``READ_ROUND_LINES`` over the readers
@@ -185,7 +186,12 @@ class Relay:
         :meth:`relay_update`'s way, as if there were no run.
         """
         session = self._sessions.find(agent.name, sid)
-        if session is None or session.watch is not None or self._tracer is not None:
+        if (
+            session is None
+            or session.watch is not None
+            or session.watchers is not None  # (each watcher gets each line: fan_out)
+            or self._tracer is not None
+        ):
             return -1
         client = session.client
         if client is not None and not client.closed:
@@ -311,10 +317,49 @@ class Relay:
             kind = update.get("sessionUpdate")
             if type(kind) is str and kind in SETUP_UPDATES:
                 track_setup(session, update)
+        if session.watchers is not None:
+            fan_out(session, session.watchers, msg, params, data, seq)
         client = session.client
         if client is not None and client.want_seq:
             set_seq(params, seq)
         return data
+
+
+#: why a watcher is cut off (it comes back with ``after_seq`` and misses nothing)
+WATCHER_TOO_SLOW: Final = (
+    "watcher is not reading: outbound queue full (load the session again with "
+    "_meta.acp_bridge.after_seq to catch up)"
+)
+
+
+def fan_out(
+    session: Session,
+    watchers: list[Watcher],
+    msg: JsonObject,
+    params: JsonObject,
+    data: bytes,
+    seq: int,
+) -> None:
+    """
+    A recorded update of ``session`` to each of its watchers, in the order the owner gets
+    it. Never waits: a watcher whose queue is full is cut off at once (its connection
+    closed), so it never slows the owner or the agent; it catches up with ``after_seq``.
+    """
+    stamped: bytes | None = None
+    for watcher in watchers:
+        link = watcher.link
+        if link.closed:
+            continue
+        if not link.has_room():
+            link.close(WATCHER_TOO_SLOW)
+            continue
+        if link.want_seq:
+            if stamped is None:
+                set_seq(params, seq)
+                stamped = dumps(msg)
+            link.put_update(stamped, session)
+        else:
+            link.put_update(data, session)
 
 
 def _after_lines(block: bytes, start: int, count: int) -> int:
@@ -325,4 +370,4 @@ def _after_lines(block: bytes, start: int, count: int) -> int:
     return start
 
 
-__all__ = ["READER_TURN_MIN", "READ_ROUND_LINES", "Relay"]
+__all__ = ["READER_TURN_MIN", "READ_ROUND_LINES", "WATCHER_TOO_SLOW", "Relay", "fan_out"]

@@ -39,7 +39,7 @@ from acp_bridge.protocol.jsonrpc import (
     dumps,
     params_of,
 )
-from acp_bridge.protocol.wire import attached_elsewhere
+from acp_bridge.protocol.wire import attached_elsewhere, bridge_meta, watching_only
 from acp_bridge.sessions import transitions
 from acp_bridge.sessions.table import Forwarded, Session, SessionState, Setup, roots_of
 
@@ -117,6 +117,17 @@ class SessionRequests:
             raise JsonRpcError.invalid_params(
                 f"session {sid!r} is a sub-agent of {session.parent!r}: its parent drives it"
             )
+        reattaching = method in ("session/load", "session/resume")
+        if reattaching and bridge_meta(params).get("watch") is True:
+            await self._watch(client, msg, params, session)
+            return
+        if (
+            not reattaching
+            and session.watchers is not None
+            and transitions.watcher_of(session, client) is not None
+        ):
+            # A watcher only follows: what changes the session is the owner's.
+            raise watching_only(sid, method)
         owner = session.client
         elsewhere = owner is not None and owner is not client and not owner.closed
         if elsewhere and method not in ("session/load", "session/resume"):
@@ -158,6 +169,19 @@ class SessionRequests:
                 agent.failure_data(),
             )
         await self.forward_session_request(client, msg, params, session, agent)
+
+    async def _watch(
+        self, client: ClientLink, msg: JsonObject, params: JsonObject, session: Session
+    ) -> None:
+        """A load or resume with ``_meta.acp_bridge.watch``: of a live session only."""
+        agent = self._hub.agents[session.agent]
+        if session.state is not SessionState.ACTIVE or agent.state is not AgentState.READY:
+            raise JsonRpcError.invalid_request(
+                f"session {session.bridge_id!r} cannot be watched: it is not live "
+                f"({session.state.value}, agent {agent.state.value}); load it without "
+                "_meta.acp_bridge.watch first"
+            )
+        await self._reattach.watch(client, msg, params, session)
 
     async def forward_session_request(
         self,

@@ -51,6 +51,8 @@ def status(hub: Hub, approvals: Approvals, reverse: Reverse) -> JsonObject:
             # a sub-agent's: the session that spawned it (the tree: docs/subagents.md)
             "parent": s.parent,
             "connection": s.client.name if s.client is not None else None,
+            # connections that follow it without owning it (_meta.acp_bridge.watch)
+            "watchers": len(s.watchers) if s.watchers is not None else 0,
             "pendingApprovals": len(s.pending_permissions) + len(s.parked),
             "historyLastSeq": s.history.last_seq if s.history is not None else 0,
         }

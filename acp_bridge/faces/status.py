@@ -207,9 +207,11 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
     for depth, s in session_tree(sessions, lambda s: s["sessionId"], lambda s: s.get("parent")):
         connection = s.get("connection") or "(detached)"
         name = "  " * (depth - 1) + "└ " + s["sessionId"] if depth else s["sessionId"]
+        watchers = s.get("watchers") or 0
         lines.append(
             f"  {name:<24} agent {s.get('agent', '?'):<12} {s.get('state', '?'):<9}"
             f" connection {connection:<14} pending approvals {s.get('pendingApprovals', 0)}"
+            + (f" watchers {watchers}" if watchers else "")
         )
     connections: list[JsonObject] = status.get("connections", [])
     lines.append(f"connections ({len(connections)}):")

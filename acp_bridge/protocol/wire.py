@@ -64,6 +64,18 @@ def attached_elsewhere(sid: str) -> JsonRpcError:
     )
 
 
+#: how a watcher takes a session over (in every refusal of what only the owner may do)
+TAKE_OVER_HINT: Final = "send session/load without _meta.acp_bridge.watch to take it over"
+
+
+def watching_only(sid: str, method: str) -> JsonRpcError:
+    """The refusal of what a watcher (``_meta.acp_bridge.watch``) asks of a session (-32002)."""
+    return JsonRpcError.resource_not_found(
+        f"{method} refused: this connection watches session {sid!r} without owning it; "
+        + TAKE_OVER_HINT
+    )
+
+
 def well_formed_error(msg: JsonObject) -> None:
     """A peer's error that is not one (an integer code and a message) is relayed as -32603."""
     err = msg.get("error")
@@ -112,6 +124,7 @@ def decode_cursor(cursor: object) -> tuple[int, str | None]:
 __all__ = [
     "CLIENT_NOTIFICATIONS",
     "PROTOCOL_VERSION",
+    "TAKE_OVER_HINT",
     "attached_elsewhere",
     "bridge_meta",
     "decode_cursor",
@@ -119,5 +132,6 @@ __all__ = [
     "id_of",
     "is_id",
     "set_seq",
+    "watching_only",
     "well_formed_error",
 ]

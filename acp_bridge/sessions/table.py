@@ -229,6 +229,16 @@ class History:
 
 
 @attrs.define(eq=False, slots=True)
+class Watcher:
+    """A connection that follows a session it does not own (``_meta.acp_bridge.watch``)."""
+
+    #: its client link (opaque here)
+    link: Any
+    #: it is shown the session's permission requests beside the owner (``approve``)
+    approve: bool = False
+
+
+@attrs.define(eq=False, slots=True)
 class Session:
     """One session as the bridge routes it."""
 
@@ -265,6 +275,9 @@ class Session:
     watch: Callable[[JsonObject], bool] | None = None
     #: its title, as the agent last reported it (``session_info_update``), for the console
     title: str | None = None
+    #: connections that follow it without owning it (``_meta.acp_bridge.watch``), in the
+    #: order they came; None (never empty) when there are none: the relay's one check
+    watchers: list[Watcher] | None = None
     _log: Any = attrs.field(default=None, init=False, repr=False)
 
     @property

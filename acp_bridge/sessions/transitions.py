@@ -16,7 +16,7 @@ import attrs
 
 from acp_bridge.protocol.jsonrpc import JsonRpcError, dumps, loads
 from acp_bridge.protocol.wire import bridge_meta, set_seq
-from acp_bridge.sessions.table import Forwarded, SessionState, roots_of
+from acp_bridge.sessions.table import Forwarded, SessionState, Watcher, roots_of
 
 if TYPE_CHECKING:
     from collections.abc import Container
@@ -132,6 +132,52 @@ def take_parked(session: Session, asked: PendingTable[Forwarded]) -> list[Forwar
     return parked
 
 
+def watcher_of(session: Session, client: object) -> Watcher | None:
+    """``client``'s watch of ``session``, None when it does not watch it."""
+    watchers = session.watchers
+    if watchers is not None:
+        for watcher in watchers:
+            if watcher.link is client:
+                return watcher
+    return None
+
+
+def watch_refusal(session: Session, client: object, max_watchers: int) -> str | None:
+    """
+    Why ``client`` may not watch ``session`` (None: it may). The owner does not watch its
+    own session; a connection already watching may watch again (another replay); a new one
+    past ``max_watchers`` is refused.
+    """
+    if session.client is client:
+        return f"this connection owns session {session.bridge_id!r}: it cannot also watch it"
+    watchers = session.watchers or []
+    if watcher_of(session, client) is None and len(watchers) >= max_watchers:
+        return (
+            f"session {session.bridge_id!r} has {len(watchers)} watchers already "
+            f"(max_watchers {max_watchers})"
+        )
+    return None
+
+
+def add_watcher(session: Session, client: object, *, approve: bool) -> Watcher:
+    """``client`` watches ``session`` from now on (once: a second watch replaces the first)."""
+    drop_watcher(session, client)
+    watcher = Watcher(client, approve)
+    session.watchers = [*(session.watchers or ()), watcher]
+    return watcher
+
+
+def drop_watcher(session: Session, client: object) -> bool:
+    """``client`` no longer watches ``session`` (gone, or taking it over); whether it did."""
+    watchers = session.watchers
+    if watchers is None:
+        return False
+    kept = [w for w in watchers if w.link is not client]
+    # (None, not []: the relay's hot path checks for None alone)
+    session.watchers = kept or None
+    return len(kept) < len(watchers)
+
+
 def let_go(session: Session, deadline: float | None) -> None:
     """
     Nobody owns ``session`` any more: what its owner was asked is its owner's no longer;
@@ -214,8 +260,10 @@ def bind_unknown(sessions: SessionTable, agent: str, sid: str, params: JsonObjec
 __all__ = [
     "Link",
     "Takeover",
+    "add_watcher",
     "answers_owed",
     "bind_unknown",
+    "drop_watcher",
     "from_journal",
     "let_go",
     "restore_row",
@@ -223,4 +271,6 @@ __all__ = [
     "take_held",
     "take_ownership",
     "take_parked",
+    "watch_refusal",
+    "watcher_of",
 ]

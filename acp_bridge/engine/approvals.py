@@ -38,6 +38,7 @@ from acp_bridge.policy.rules import Action, Decision, PermissionRequest, choose_
 from acp_bridge.policy.rules import reject_option as _reject_option
 from acp_bridge.protocol.jsonrpc import dumps, notification, request, result
 from acp_bridge.protocol.notices import policy_notice
+from acp_bridge.sessions import transitions
 from acp_bridge.sessions.table import Forwarded
 from acp_bridge.sessions.topic import Topic
 from acp_bridge.store.db import AuditRecord
@@ -264,7 +265,8 @@ class Approvals:
             session,
             agent.name,
             parent=parent.agent if parent else None,
-            attended=client is not None,
+            # (a watcher that approves attends the session as its owner does)
+            attended=client is not None or bool(transitions.approvers(session)),
         )
         if ruling is not None:
             outcome, source, detail = ruling
@@ -308,8 +310,32 @@ class Approvals:
             return
         if owner is None or owner.closed:
             session.parked.append(entry)  # shown to whoever takes the session back
-            return
-        await self.show(entry, owner)
+        else:
+            await self.show(entry, owner)
+        for watcher in transitions.approvers(session):
+            await self.show(entry, watcher)
+
+    async def show_watcher(self, session: Session, client: ClientLink) -> None:
+        """A watcher that approves joined: the session's requests waiting on a human."""
+        for entry in self.desk.waiting():
+            ask: Ask = entry.extra
+            if entry.session is session and not ask.console_only and client not in ask.shown:
+                await self.show(entry, client)
+
+    def watcher_gone(self, client: ClientLink, client_id: int, entry: Forwarded) -> bool:
+        """
+        A watcher that was shown a request went away: the request waits on the others (True),
+        unless it was the only one who could answer it (False: it ends as any would).
+        """
+        ask = entry.extra
+        session = entry.session
+        if not isinstance(ask, Ask) or session is None or session.client is client:
+            return False
+        if transitions.watcher_of(session, client) is None:
+            return False
+        ask.shown.pop(client, None)
+        session.pending_permissions.discard(client_id)
+        return bool(ask.shown) or entry in session.parked
 
     async def over_limit(
         self, agent: AgentLink, msg: JsonObject, params: JsonObject, session: Session, why: str
@@ -331,7 +357,10 @@ class Approvals:
         agent = entry.origin
         client_id = client.pending.add(entry)
         ask.shown[client] = client_id
-        agent.inflight[entry.origin_id] = (client, client_id)
+        if client is session.client or entry.origin_id not in agent.inflight:
+            # (The owner's id is the one an agent's withdrawal finds; settling withdraws
+            # it from every client shown it, watchers included.)
+            agent.inflight[entry.origin_id] = (client, client_id)
         session.pending_permissions.add(client_id)
         params = dict(entry.context)
         params["sessionId"] = session.bridge_id

@@ -62,9 +62,13 @@ class Reattach:
         """
         client.close(reason)
         self._hub.clients.discard(client)
-        for _, entry in client.pending.drain():
+        for client_id, entry in client.pending.drain():
             agent = entry.origin
             assert isinstance(agent, AgentLink)
+            if self._approvals.watcher_gone(client, client_id, entry):
+                if agent.inflight.get(entry.origin_id) == (client, client_id):
+                    del agent.inflight[entry.origin_id]
+                continue  # (still waits on the owner, or on the other watchers)
             agent.inflight.pop(entry.origin_id, None)
             if entry.session is not None and entry.session.client is client:
                 park(entry, client)
@@ -185,7 +189,8 @@ class Reattach:
         """Show the new owner the agent requests that were waiting on the old one."""
         for entry in transitions.take_parked(session, client.pending):
             if isinstance(entry.extra, Ask):
-                await self._approvals.show(entry, client)
+                if client not in entry.extra.shown:  # (a watcher that approved has it)
+                    await self._approvals.show(entry, client)
                 continue
             agent = entry.origin
             assert isinstance(agent, AgentLink)
@@ -312,6 +317,8 @@ class Reattach:
             # (Live from here, with no await since the last replayed update.)
             transitions.add_watcher(session, client, approve=watch)
             session.log.info("session_watched", client=client.name, approve=watch)
+            if watch:
+                await self._approvals.show_watcher(session, client)
         if not complete:
             await self._logs.send_log(
                 client,

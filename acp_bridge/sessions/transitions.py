@@ -167,6 +167,14 @@ def add_watcher(session: Session, client: object, *, approve: bool) -> Watcher:
     return watcher
 
 
+def approvers(session: Session) -> list[Any]:
+    """The links of the session's live watchers that approve (``_meta.acp_bridge.approve``)."""
+    watchers = session.watchers
+    if watchers is None:
+        return []
+    return [w.link for w in watchers if w.approve and not w.link.closed]
+
+
 def drop_watcher(session: Session, client: object) -> bool:
     """``client`` no longer watches ``session`` (gone, or taking it over); whether it did."""
     watchers = session.watchers
@@ -262,6 +270,7 @@ __all__ = [
     "Takeover",
     "add_watcher",
     "answers_owed",
+    "approvers",
     "bind_unknown",
     "drop_watcher",
     "from_journal",

@@ -266,3 +266,68 @@ async def test_a_stock_client_sees_no_watcher_extensions():
             await owner.prompt(sid, "count 2")
             assert [m for m in owner.received if "_meta" in (m.get("params") or {})] == []
             n.cancel_scope.cancel()
+
+
+async def test_a_watcher_that_approves_answers_first_and_the_owner_is_withdrawn():
+    agent = FakeAgent("a")
+    audit: list[Any] = []
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_server({"a": agent}) as server,
+            open_peer(server.port, initialize=False) as owner,
+            open_peer(server.port, initialize=False) as watcher,
+        ):
+            await extended(owner)
+            await extended(watcher)
+            server.bridge.approvals.desk.changed.subscribe(lambda entry, done: audit.append(done))
+            sid = (await owner.request("session/new", NEW_SESSION))["result"]["sessionId"]
+            reply = await watcher.request("session/resume", watch(sid, approve=True))
+            assert "result" in reply
+            await owner.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "turn",
+                    "method": "session/prompt",
+                    "params": {
+                        "sessionId": sid,
+                        "prompt": [{"type": "text", "text": "permission"}],
+                    },
+                }
+            )
+            asked_owner = await owner.next()
+            asked_watcher = await watcher.next()
+            assert asked_owner["method"] == asked_watcher["method"] == "session/request_permission"
+            await watcher.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": asked_watcher["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
+                }
+            )
+            withdrawn = await owner.next()
+            assert withdrawn == {
+                "jsonrpc": "2.0",
+                "method": "$/cancel_request",
+                "params": {"requestId": asked_owner["id"]},
+            }
+            resolved = await owner.next()
+            assert resolved["method"] == "_acp_bridge/permission_resolved"
+            while not any(m.get("id") == "turn" for m in owner.received):
+                await owner.next()
+            assert "a:outcome:yes" in texts(owner, sid)
+            answers = [
+                m for m in agent.received if "method" not in m and "outcome" in m.get("result", {})
+            ]
+            assert len(answers) == 1
+            [done] = [d for d in audit if d is not None]
+            watcher_link = next(
+                c for c in server.bridge.hub.clients if c is not owner_link(server, sid)
+            )
+            assert done.connection == watcher_link.name
+            assert done.source == "client"
+
+
+def owner_link(server: Any, sid: str) -> Any:
+    session = server.bridge.hub.sessions.get(sid)
+    assert session is not None
+    return session.client

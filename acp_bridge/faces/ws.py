@@ -17,14 +17,15 @@ response written before any session data exists. The listener that hands connect
 
 An accepted upgrade is answered with **101** and an ``Acp-Connection-Id`` header (unless
 ``max_connections`` ACP connections, WebSocket and HTTP together, are open: 503), and the
-bridge then reads and writes the WebSocket frames itself (``faces.ws_frames.py`` parses
-them): the task that handles a client's messages reads the socket (at once when data is
-there, as the pipes are read) and hands each message on with no task or channel between.
-Each WebSocket connection is one ACP client of the bridge (:meth:`Bridge.open_client`,
-non-blocking): the first message must be ``initialize`` (else close 1002), each text
-message is one JSON-RPC message, binary messages are ignored. Pings are answered, pongs settle our keepalive pings, a client's close frame is answered. A frame
-the parser refuses (invalid UTF-8, unmasked, an unknown opcode, ...) ends the connection with
-a close frame, 1007 or 1002, and the TCP connection is closed at once.
+bridge then reads and writes the WebSocket frames itself (``faces.ws_frames.py`` parses them):
+the task that handles a client's messages reads the socket (at once when data is there, as the
+pipes are read) and hands each message on with no task or channel between. Each WebSocket
+connection is one ACP client of the bridge (:meth:`Bridge.open_client`, non-blocking): the
+first message must be ``initialize`` (else close 1002), each text message is one JSON-RPC
+message, binary messages are ignored. Pings are answered, pongs settle our keepalive pings, a
+client's close frame is answered. A frame the parser refuses (invalid UTF-8, unmasked, an
+unknown opcode, ...) ends the connection with a close frame, 1007 or 1002, and the TCP
+connection is closed at once.
 
 Backpressure:
     Inbound, the bridge reads a connection only when it has handled every message already

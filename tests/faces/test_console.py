@@ -380,5 +380,7 @@ def test_serve_prints_the_console_login_link():
         console_login="http://127.0.0.1:8765/console?token=T",
     )
     summary = startup_summary(info, agent="demo", agent_state="ready")
+    assert summary.splitlines()[0] == "acp-bridge serve: listening on ws://127.0.0.1:8765/acp"
+    assert "  http:    http://127.0.0.1:8765/acp (ACP over HTTP" in summary
     assert "  console: http://127.0.0.1:8765/console?token=T" in summary
     assert "T" not in repr(info).replace("True", "")

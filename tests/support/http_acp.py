@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
     from acp_bridge.faces.ws import WebSocketFace
@@ -168,6 +169,15 @@ class HttpAcpClient:
         self, method: str, headers: list[tuple[str, str]], body: bytes
     ) -> tuple[trio.abc.Stream, h11.Connection, Reply]:
         stream = await self._connect()
+        try:
+            return await self._exchange(stream, method, headers, body)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+
+    async def _exchange(
+        self, stream: trio.abc.Stream, method: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[trio.abc.Stream, h11.Connection, Reply]:
         conn = h11.Connection(h11.CLIENT)
         if body or method == "POST":
             headers = [*headers, ("Content-Length", str(len(body)))]
@@ -277,6 +287,15 @@ def tcp(port: int) -> Callable[[], Awaitable[trio.abc.Stream]]:
 
     async def connect() -> trio.abc.Stream:
         return await trio.open_tcp_stream("127.0.0.1", port)
+
+    return connect
+
+
+def tls(port: int, context: ssl.SSLContext) -> Callable[[], Awaitable[trio.abc.Stream]]:
+    """TLS streams to 127.0.0.1:``port``."""
+
+    async def connect() -> trio.abc.Stream:
+        return await trio.open_ssl_over_tcp_stream("127.0.0.1", port, ssl_context=context)
 
     return connect
 

@@ -344,13 +344,17 @@ class HttpAcp:
 
     async def _route(self, live: _Live, batch: list[bytes]) -> None:
         core = live.core
+        route = core.route
+        woken: set[StreamKey] = set()
         for line in batch:
-            where = core.route(line)
+            where = route(line)
             if isinstance(where, Captured):
                 live.answer = where.line
                 live.answered.set()
-                continue
-            lot = live.lots.get(where)
+            else:
+                woken.add(where)
+        for key in woken:
+            lot = live.lots.get(key)
             if lot is not None:
                 lot.unpark_all()
         while core.full and not live.ending:

@@ -335,7 +335,6 @@ class Limits:
     max_routes: int = 4096
 
 
-@attrs.define(slots=True)
 class Event:
     """
     One SSE event.
@@ -346,16 +345,19 @@ class Event:
         order: its place among the connection's events (the oldest written are dropped first).
         after: (stream, count): not written before that stream has handed out that many events
             (the session's messages that went elsewhere before).
+        cost: what it counts for against the bounds (its bytes and its objects').
     """
 
-    id: EventId
-    data: bytes
-    order: int
-    after: tuple[StreamKey, int] | None = None
+    __slots__ = ("after", "cost", "data", "id", "order")
 
-    @property
-    def cost(self) -> int:
-        return len(self.data) + EVENT_OVERHEAD
+    def __init__(
+        self, event_id: EventId, data: bytes, order: int, after: tuple[StreamKey, int] | None
+    ) -> None:
+        self.id = event_id
+        self.data = data
+        self.order = order
+        self.after = after
+        self.cost = len(data) + EVENT_OVERHEAD
 
 
 class Stream:
@@ -515,8 +517,8 @@ class Connection:
         self, key: StreamKey, line: bytes, seq: int, after: tuple[StreamKey, int] | None
     ) -> None:
         stream = self.streams[key]
-        event = Event(stream.next_id(seq), b"", next(self._orders), after)
-        event.data = sse_event(event.id, line)
+        event_id = stream.next_id(seq)
+        event = Event(event_id, sse_event(event_id, line), next(self._orders), after)
         stream.waiting.append(event)
         self.unwritten += event.cost
 

@@ -20,13 +20,14 @@ The wire (the transports RFD, as the TypeScript and Python SDKs' clients speak i
   A newer GET for a stream replaces the reader it had.
 - ``DELETE`` with ``Acp-Connection-Id`` ends the connection (**202**); its sessions detach.
 
-Routing (:meth:`Connection.route`): a message of a session (its ``params.sessionId``, or for
-an answer the session of the request it answers) goes on that session's stream once the
-client opened one on this connection, else on the connection's stream; so does anything
-else. Answers to ``session/new``, ``session/load`` and ``session/fork`` go on the
-connection's stream (the RFD: the client may not have the session's stream yet). Where a
-session's messages change streams, the later ones are held until the earlier ones are
-written (:class:`Event` ``after``), so they leave in order.
+Routing (:meth:`Connection.route`): a message of a session (its ``params.sessionId``, or for an
+answer the session of the request it answers, a request of a previous connection that a load or
+resume said is owed here included) goes on that session's stream once the client opened one on
+this connection, else on the connection's stream; so does anything else. Answers to
+``session/new``, ``session/load`` and ``session/fork`` go on the connection's stream (the RFD:
+the client may not have the session's stream yet). Where a session's messages change streams,
+the later ones are held until the earlier ones are written (:class:`Event` ``after``), so they
+leave in order.
 
 Resumable streams (beyond the RFD): every event has an ``id:``. On a session's stream it is
 the session's update number (``_meta.acp_bridge.seq``, the journal's) for an update, and
@@ -497,6 +498,8 @@ class Connection:
                 session = route.session
                 if route.method not in CONNECTION_ANSWERED and session in self.streams:
                     target = session
+                if route.method in TAKEOVER_METHODS:
+                    self._owed(session, msg.get("result"))
         elif isinstance(msg, dict):
             params = msg.get("params")
             sid = params.get("sessionId") if isinstance(params, dict) else None
@@ -512,6 +515,20 @@ class Connection:
                 after = (session, slot.appended)
         self._append(target, line, seq, after)
         return target
+
+    def _owed(self, session: str, result: Any) -> None:
+        """A load or resume took a session over: the answers still owed to the requests the
+        previous connection made about it (``_meta.acp_bridge.pending``) come here now, and
+        follow the session."""
+        meta = result.get("_meta") if isinstance(result, dict) else None
+        ours = meta.get("acp_bridge") if isinstance(meta, dict) else None
+        pending = ours.get("pending") if isinstance(ours, dict) else None
+        for request_id in pending if isinstance(pending, list) else ():
+            key = _id_key(request_id)
+            if key is not None:
+                self._routes[key] = _Route("session/prompt", session)
+        while len(self._routes) > self.limits.max_routes:
+            self._routes.popitem(last=False)
 
     def _append(
         self, key: StreamKey, line: bytes, seq: int, after: tuple[StreamKey, int] | None

@@ -358,3 +358,72 @@ async def test_a_session_moves_from_websocket_to_http_and_back_with_nothing_lost
                     and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
                 ]
                 assert history == [f"a:s1:{i}" for i in range(3)] + ["a:s1:0", "a:s1:1"]
+
+
+async def test_a_permission_left_unanswered_is_shown_again_to_the_connection_that_loads():
+    """The first connection is asked, and goes (DELETE) without answering: the request is
+    parked with its session, shown again on the stream of the connection that loads it, and
+    its answer reaches the agent."""
+    agent = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with http_face({"a": agent}) as (face, _, nursery):
+            first = client_of(face, nursery)
+            await first.initialize()
+            async with opened(first.events()) as conn_events:
+                sid = await new_session(first, conn_events)
+                async with opened(first.events(session=sid)) as session_events:
+                    turn = prompt(first, sid, "permission")
+                    await first.post(turn, session=sid)
+                    await session_events.until(
+                        lambda m: m.get("method") == "session/request_permission"
+                    )
+            assert (await first.delete()).status == 202
+            second = client_of(face, nursery)
+            await second.initialize()
+            async with (
+                opened(second.events()) as conn_events,
+                opened(second.events(session=sid)) as session_events,
+            ):
+                load = second.request_msg("session/load", {**NEW_SESSION, "sessionId": sid})
+                assert (await second.post(load, session=sid)).status == 202
+                (*_, asked) = await session_events.until(
+                    lambda m: m.get("method") == "session/request_permission"
+                )
+                answer = {
+                    "jsonrpc": "2.0",
+                    "id": asked.msg["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": "allow"}},
+                }
+                assert (await second.post(answer)).status == 202  # (no Acp-Session-Id: fine)
+                # The turn the first connection started ends here, under its own id.
+                seen = await session_events.until(lambda m: m.get("id") == turn["id"])
+                assert texts(seen)[-1] == "a:outcome:allow"
+                await conn_events.until(lambda m: m.get("id") == load["id"])
+
+
+async def test_http_takes_a_live_websocket_session_over_with_resume():
+    """A session a live WebSocket connection holds: its stream is refused (409); a POSTed
+    session/resume takes it over, as over WebSocket, and the WebSocket client hears no more."""
+    agent = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": agent}) as server, open_peer(server.port) as ws:
+            sid = (await ws.request("session/new", NEW_SESSION))["result"]["sessionId"]
+            http = HttpAcpClient(tcp(server.port), host=f"127.0.0.1:{server.port}", token=TOKEN)
+            await http.initialize()
+            async with opened(http.events()) as conn_events:
+                assert (await http.events(session=sid)).status == 409
+                refused = await http.post(prompt(http, sid, "count 1"), session=sid)
+                assert refused.status == 409
+                resume = http.request_msg("session/resume", {**NEW_SESSION, "sessionId": sid})
+                assert (await http.post(resume, session=sid)).status == 202
+                (*_, answer) = await conn_events.until(lambda m: m.get("id") == resume["id"])
+                assert answer.msg["result"]["_meta"]["acp_bridge"]["complete"] is True
+                async with opened(http.events(session=sid)) as session_events:
+                    msg = prompt(http, sid, "count 2")
+                    await http.post(msg, session=sid)
+                    seen = await session_events.until(lambda m: m.get("id") == msg["id"])
+                assert texts(seen) == ["a:s1:0", "a:s1:1"]
+            refused = await ws.request(
+                "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "x"}]}
+            )
+            assert refused["error"]["code"] == -32002

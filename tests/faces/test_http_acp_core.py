@@ -369,3 +369,17 @@ def test_property_resumption_delivers_each_event_once_in_order_or_says_it_cannot
     ]
     assert [s for _, s in received] == list(range(1, seq + 1))
     assert [i for i, _ in received] == [str(s) for s in range(1, seq + 1)]
+
+
+def test_answers_a_load_says_are_owed_here_follow_the_session():
+    """The previous connection's running prompt is answered here (``pending`` in the load's
+    answer): on the session's stream, after its updates."""
+    client = connection()
+    session = client.attach("s1", None)
+    assert isinstance(session, int)
+    request(client, "session/load", 5, "s1")
+    meta = {"acp_bridge": {"lastSeq": 3, "complete": True, "pending": ["turn-7"]}}
+    assert client.route(answer(5, _meta=meta)) is None
+    client.route(update("s1", 4))
+    assert client.route(answer("turn-7", stopReason="end_turn")) == "s1"
+    assert [m.get("id") for _, m in take_all(client, "s1", session)] == [None, "turn-7"]

@@ -232,6 +232,7 @@ class HttpAcp:
         client.want_seq = True
         self._accepted += 1
         self._unread(live)
+        self._active(live)
         exchange.log.info("http_acp_connected", connection_id=connection_id)
         return Response(
             200,

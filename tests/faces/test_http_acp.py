@@ -427,3 +427,24 @@ async def test_http_takes_a_live_websocket_session_over_with_resume():
                 "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "x"}]}
             )
             assert refused["error"]["code"] == -32002
+
+
+async def test_a_connection_that_posts_nothing_for_idle_timeout_ends(autojump_clock):
+    agent = FakeAgent("a")
+    with trio.fail_after(600):  # (the clock's: it jumps)
+        async with http_face({"a": agent}, idle_timeout=100.0) as (face, bridge, nursery):
+            client = client_of(face, nursery)
+            await client.initialize()
+            async with opened(client.events()) as events:
+                sid = await new_session(client, events)
+                await trio.sleep(90.0)
+                msg = prompt(client, sid, "count 1")
+                await client.post(msg, session=sid)  # (the deadline starts again)
+                await trio.sleep(90.0)
+                assert bridge.hub.clients
+                await trio.sleep(20.0)
+                assert not bridge.hub.clients
+                # its streams end with it
+                assert await events.next() is not None  # (what it had: the prompt's)
+                while await events.next() is not None:
+                    pass

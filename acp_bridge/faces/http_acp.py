@@ -107,6 +107,8 @@ class _Live:
     answer: bytes | None = None
     reason: str = "connection ended"
     ending: bool = False
+    #: when the client last POSTed (the idle deadline is looked at again when it falls)
+    active: float = 0.0
     #: set once it ended and its sessions are detached
     closed: trio.Event = attrs.field(factory=trio.Event)
 
@@ -195,7 +197,7 @@ class HttpAcp:
             if live.ending:
                 return plain(410, f"gone: this connection ended ({live.reason[:120]})")
             live.core.note_request(posted)
-            self._active(live)
+            live.active = trio.current_time()
             await self._bridge.handle_client_line(live.client, posted.line)
         return _ACCEPTED
 
@@ -232,7 +234,8 @@ class HttpAcp:
         client.want_seq = True
         self._accepted += 1
         self._unread(live)
-        self._active(live)
+        live.active = trio.current_time()
+        self._idle_after(live, self._settings.idle_timeout)
         exchange.log.info("http_acp_connected", connection_id=connection_id)
         return Response(
             200,
@@ -369,15 +372,22 @@ class HttpAcp:
             lambda: _ended(live, f"no stream open for {self._settings.http_stream_timeout:g}s"),
         )
 
-    def _active(self, live: _Live) -> None:
-        """A message from the client: the idle deadline starts again."""
-        timeout = self._settings.idle_timeout
-        if timeout > 0:
+    def _idle_after(self, live: _Live, delay: float) -> None:
+        """Look at the connection's idleness in ``delay`` seconds (``idle_timeout``: 0, never):
+        one deadline per connection, moved when it falls, not at every POST."""
+        if self._settings.idle_timeout > 0:
             self._bridge.hub.deadlines.schedule(
                 ("http-idle", live.core.id),
-                trio.current_time() + timeout,
-                lambda: _ended(live, "idle"),
+                trio.current_time() + delay,
+                lambda: self._idle(live),
             )
+
+    async def _idle(self, live: _Live) -> None:
+        left = live.active + self._settings.idle_timeout - trio.current_time()
+        if left > 0:
+            self._idle_after(live, left)
+        else:
+            live.end("idle")
 
     def _owner(self, session_id: str, live: _Live) -> Owner:
         """Who holds a session, seen from ``live`` (an HTTP connection nobody reads: nobody)."""

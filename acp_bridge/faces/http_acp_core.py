@@ -105,8 +105,8 @@ CONNECTION_ANSWERED: Final = frozenset({"session/new", "session/load", "session/
 EVENT_OVERHEAD: Final = 128
 #: Connection ids remembered after their connection ended (answered 410, not 404).
 REMEMBERED_ENDED: Final = 1024
-#: The longest ``Last-Event-ID`` or header value read.
-MAX_ID_TEXT: Final = 256
+#: The longest id a header may carry (the TypeScript SDK's server allows as long).
+MAX_ID_TEXT: Final = 1024
 
 #: An event's id: (update number, order after it); rendered ``MAJOR`` or ``MAJOR.MINOR``.
 EventId: TypeAlias = tuple[int, int]

@@ -448,3 +448,15 @@ async def test_a_connection_that_posts_nothing_for_idle_timeout_ends(autojump_cl
                 assert await events.next() is not None  # (what it had: the prompt's)
                 while await events.next() is not None:
                     pass
+
+
+async def test_websocket_and_http_connections_share_max_connections():
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": FakeAgent("a")}, max_connections=1) as server:
+            http = HttpAcpClient(tcp(server.port), host=f"127.0.0.1:{server.port}", token=TOKEN)
+            init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}
+            async with open_peer(server.port):
+                assert (await http.post(init)).status == 503
+            await trio.testing.wait_all_tasks_blocked()
+            await http.initialize()
+            assert len(server.bridge.hub.clients) == 1

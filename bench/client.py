@@ -1,7 +1,8 @@
 """
-A minimal ACP v1 client for the benchmark: NDJSON over pipes, or JSON text frames over a
+A minimal ACP v1 client for the benchmark: NDJSON over pipes, JSON text frames over a
 WebSocket it speaks itself (RFC 6455 over a plain socket: handshake, masked sends, unmasked
-receives, ping → pong), with blocking I/O and no event loop.
+receives, ping → pong), or ACP over HTTP (POSTs on a kept connection, server-sent events on
+GET streams), with blocking I/O and no event loop.
 
 Deliberately small and fast, so that what the benchmark measures is what sits between this
 client and the agent. Every message received is decoded with :func:`json.loads` (a real
@@ -226,7 +227,7 @@ class Client:
     Agent → client requests are answered with an error (the flood agent never sends any).
     """
 
-    def __init__(self, framing: LineFraming | WebSocketFraming) -> None:
+    def __init__(self, framing: LineFraming | WebSocketFraming | HttpFraming) -> None:
         self.framing = framing
         self._ids = iter(range(1, 1 << 62))
         self.inbox: collections.deque[str] = collections.deque()
@@ -320,3 +321,236 @@ def websocket_client(url: str, token: str, deadline: float) -> tuple[Client, soc
     sock, rest = websocket_connect(url, token, deadline)
     fd = sock.fileno()
     return Client(WebSocketFraming(Transport(fd, fd), rest)), sock
+
+
+# --- ACP over HTTP (POST, and server-sent events on GET) ------------------------------------
+
+
+class _ChunkedBody:
+    """A chunked HTTP body decoded as it arrives (Node's servers send their streams so)."""
+
+    def __init__(self) -> None:
+        self._raw = b""
+        self._left = 0  # payload bytes of the current chunk still to come
+        self._crlf = False  # the CRLF after a chunk's payload is next
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        raw = self._raw + data
+        out = []
+        pos = 0
+        while pos < len(raw) and not self.done:
+            if self._left:
+                take = min(self._left, len(raw) - pos)
+                out.append(raw[pos : pos + take])
+                pos += take
+                self._left -= take
+                self._crlf = not self._left
+                continue
+            end = raw.find(b"\r\n", pos)
+            if end < 0:
+                break
+            line = raw[pos:end]
+            pos = end + 2
+            if self._crlf:
+                self._crlf = False
+                continue
+            size = int(line.split(b";", 1)[0], 16)
+            if size == 0:
+                self.done = True
+            self._left = size
+        self._raw = raw[pos:]
+        return b"".join(out)
+
+
+def _read_head(sock: socket.socket, deadline: float) -> tuple[int, dict[str, str], bytes]:
+    """A response's status and headers (lower-case names), and the bytes read past them."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            raise Timeout("no response head in time")
+        chunk = sock.recv(READ_SIZE)
+        if not chunk:
+            raise ConnectionEnded("closed before a response head")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split(" ", 2)[1]), headers, rest
+
+
+class HttpFraming:
+    """
+    ACP over HTTP as the SDKs' clients speak it: ``initialize`` POSTed (its answer in the
+    body), every other message POSTed with ``Acp-Connection-Id`` (and ``Acp-Session-Id`` when
+    it names a session, whose stream is opened first, as the TypeScript SDK does), messages
+    received from server-sent-event streams (the connection's and each session's).
+    """
+
+    def __init__(self, url: str, token: str) -> None:
+        assert url.startswith("http://"), url
+        hostport, _, path = url[len("http://") :].partition("/")
+        host, _, port = hostport.rpartition(":")
+        self._address = (host, int(port))
+        self._hostport = hostport
+        self._path = "/" + path
+        self._token = token
+        self._post: socket.socket | None = None
+        self._connection_id: str | None = None
+        #: open streams: socket → (its body decoder or None for a raw one, its event buffer)
+        self._streams: dict[socket.socket, tuple[_ChunkedBody | None, bytearray]] = {}
+        self._sessions: set[str] = set()
+        self._early: list[str] = []
+
+    def _connect(self, deadline: float) -> socket.socket:
+        sock = socket.create_connection(
+            self._address, timeout=max(0.1, deadline - time.monotonic())
+        )
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _request(self, method: str, headers: dict[str, str], body: bytes = b"") -> bytes:
+        lines = [f"{method} {self._path} HTTP/1.1", f"Host: {self._hostport}"]
+        lines.append(f"Authorization: Bearer {self._token}")
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if method != "GET":
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+    def _post_message(self, text: str, headers: dict[str, str], deadline: float) -> bytes:
+        """POST one message on the kept connection; the answer's body."""
+        for attempt in (1, 2):
+            if self._post is None:
+                self._post = self._connect(deadline)
+            sock = self._post
+            try:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                request_headers = {"Content-Type": "application/json", **headers}
+                sock.sendall(self._request("POST", request_headers, text.encode()))
+                status, head, rest = _read_head(sock, deadline)
+            except (ConnectionEnded, OSError):
+                sock.close()
+                self._post = None
+                if attempt == 2:
+                    raise
+                continue  # (a kept connection the server had closed: once more on a new one)
+            body = self._read_body(sock, head, rest, deadline)
+            if head.get("connection", "").lower() == "close":
+                sock.close()
+                self._post = None
+            if status not in (200, 202):
+                raise ConnectionError(f"POST answered {status}: {body[:200]!r}")
+            if self._connection_id is None:
+                self._connection_id = head.get("acp-connection-id")
+            return body
+        raise AssertionError("unreachable")
+
+    def _read_body(
+        self, sock: socket.socket, head: dict[str, str], rest: bytes, deadline: float
+    ) -> bytes:
+        if "chunked" in head.get("transfer-encoding", "").lower():
+            decoder = _ChunkedBody()
+            out = decoder.feed(rest)
+            while not decoder.done:
+                out += decoder.feed(self._recv(sock, deadline))
+            return out
+        length = int(head.get("content-length", "0"))
+        while len(rest) < length:
+            rest += self._recv(sock, deadline)
+        return rest[:length]
+
+    @staticmethod
+    def _recv(sock: socket.socket, deadline: float) -> bytes:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            raise Timeout("read timed out")
+        data = sock.recv(READ_SIZE)
+        if not data:
+            raise ConnectionEnded("end of stream")
+        return data
+
+    def _open_stream(self, session: str | None, deadline: float) -> None:
+        assert self._connection_id is not None
+        headers = {"Accept": "text/event-stream", "Acp-Connection-Id": self._connection_id}
+        if session is not None:
+            headers["Acp-Session-Id"] = session
+        sock = self._connect(deadline)
+        sock.sendall(self._request("GET", headers))
+        status, head, rest = _read_head(sock, deadline)
+        if status != 200:
+            raise ConnectionError(f"GET of a stream answered {status}")
+        chunked = "chunked" in head.get("transfer-encoding", "").lower()
+        decoder = _ChunkedBody() if chunked else None
+        self._streams[sock] = (decoder, bytearray())
+        sock.setblocking(False)
+        if rest:
+            self._take(sock, rest)
+
+    def send(self, text: str, deadline: float) -> None:
+        msg = json.loads(text)
+        if msg.get("method") == "initialize":
+            self._early.append(self._post_message(text, {}, deadline).decode())
+            self._open_stream(None, deadline)
+            return
+        assert self._connection_id is not None
+        headers = {"Acp-Connection-Id": self._connection_id}
+        params = msg.get("params")
+        session = params.get("sessionId") if isinstance(params, dict) else None
+        if isinstance(session, str):
+            if session not in self._sessions:
+                self._sessions.add(session)
+                self._open_stream(session, deadline)
+            headers["Acp-Session-Id"] = session
+        self._post_message(text, headers, deadline)
+
+    def _take(self, sock: socket.socket, data: bytes) -> None:
+        decoder, buffer = self._streams[sock]
+        buffer += decoder.feed(data) if decoder is not None else data
+
+    def receive(self, deadline: float) -> list[str]:
+        out, self._early = self._early, []
+        while not out:
+            left = deadline - time.monotonic()
+            readable = select.select(list(self._streams), [], [], max(left, 0))[0]
+            if not readable:
+                raise Timeout("read timed out")
+            for sock in readable:
+                try:
+                    data = sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    raise ConnectionEnded("a stream ended")
+                self._take(sock, data)
+                out += _events(self._streams[sock][1])
+        return out
+
+    def close(self) -> None:
+        for sock in [*self._streams, *([self._post] if self._post else [])]:
+            sock.close()
+        self._streams.clear()
+        self._post = None
+
+
+def _events(buffer: bytearray) -> list[str]:
+    """The data of each whole event in ``buffer`` (taken out of it); comments dropped."""
+    end = buffer.rfind(b"\n\n")
+    if end < 0:
+        return []
+    blocks = bytes(buffer[:end]).split(b"\n\n")
+    del buffer[: end + 2]
+    out = []
+    for block in blocks:
+        start = 0 if block.startswith(b"data: ") else block.find(b"\ndata: ") + 1
+        if start or block.startswith(b"data: "):
+            out.append(block[start + 6 :].decode())
+    return out
+
+
+def http_client(url: str, token: str) -> tuple[Client, HttpFraming]:
+    framing = HttpFraming(url, token)
+    return Client(framing), framing

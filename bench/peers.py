@@ -6,7 +6,10 @@ The bridge's peers in the benchmark: other programs that sit between an ACP clie
   it is a plain stdio↔WebSocket relay for any NDJSON protocol, ACP included (it rewrites the
   request ids to route answers to the right client and back; notifications are broadcast);
 - the thinkwell conductor (npm ``@thinkwell/conductor``): an ACP proxy chain, run here with no
-  proxies in front of the agent (``bench/conductor_stdio.mjs``: the package has no command).
+  proxies in front of the agent (``bench/conductor_stdio.mjs``: the package has no command);
+- the TypeScript SDK's own Streamable HTTP server (npm ``@agentclientprotocol/sdk``:
+  ``AcpServer`` behind ``createNodeHttpHandler``) relaying to the agent
+  (``bench/acp_server.mjs``): the anchor of the bridge's HTTP face.
 
 Both are pinned in ``tests/support/peers/node/package.json`` and installed into ``.node-peers/`` by
 ``./scripts/bench`` and ``./scripts/test``. A peer that is not there cannot be measured:
@@ -30,9 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "tests" / "support" / "peers" / "node" / "package.json"
 NODE_MODULES = ROOT / ".node-peers" / "node_modules"
 CONDUCTOR_MAIN = Path(__file__).with_name("conductor_stdio.mjs")
+ACP_SERVER_MAIN = Path(__file__).with_name("acp_server.mjs")
 
 SUPERGATEWAY = "supergateway"
 CONDUCTOR = "@thinkwell/conductor"
+SDK = "@agentclientprotocol/sdk"
+#: how acp_server.mjs says where it listens (on stderr)
+ACP_SERVER_MARKER = "acp-server listening on "
 #: where supergateway serves WebSocket clients (its --messagePath default)
 SUPERGATEWAY_PATH = "/message"
 
@@ -48,7 +55,7 @@ def pinned(package: str) -> str:
 
 
 def label(package: str) -> str:
-    name = "thinkwell conductor" if package == CONDUCTOR else package
+    name = {CONDUCTOR: "thinkwell conductor", SDK: "TS SDK"}.get(package, package)
     return f"{name} {pinned(package)}"
 
 
@@ -94,6 +101,14 @@ def conductor_argv(agent: list[str]) -> list[str]:
     node = shutil.which("node")
     assert node is not None  # package_dir checked it
     return [node, str(CONDUCTOR_MAIN), str(where), json.dumps(agent)]
+
+
+def acp_server_argv(agent: list[str]) -> list[str]:
+    """The TypeScript SDK's AcpServer over Streamable HTTP, in front of ``agent``."""
+    where = package_dir(SDK)
+    node = shutil.which("node")
+    assert node is not None  # package_dir checked it
+    return [node, str(ACP_SERVER_MAIN), str(where), json.dumps(agent)]
 
 
 def free_port() -> int:

@@ -5,20 +5,22 @@ The benchmark: the bridge against a direct client-agent pipe, side by side in on
 
 Scenarios (full size; ``--quick`` in brackets):
 
-- throughput: one session streams N = 200,000 [20,000] ``agent_message_chunk`` updates
-  through: a direct pipe; a relay in C that only copies bytes (``bench/c_relay.c``: the
-  floor for any process in the middle) and one in Python on a plain epoll loop
-  (``bench.plain_relay``); a naive trio relay that decodes every line (``bench.naive_relay``:
-  the floor for any trio process in the middle); ``acp-bridge stdio`` (defaults; with 50
-  policy rules and the journal on, then off; with its session id rewritten);
-  ``acp-bridge serve`` over WebSocket (defaults, and with a client_queue large enough for a
-  whole run). Updates/s, best of 3 [1] runs interleaved across the variants (one run for
-  the last two), ratio to direct; and the CPU time (user + system, all threads) of the
-  process in the middle per update, the least of its runs: a figure that depends far less
-  on what else the machine is doing than the rates do;
+- throughput: one session streams N = 200,000 [20,000] ``agent_message_chunk`` updates through:
+  a direct pipe; a relay in C that only copies bytes (``bench/c_relay.c``: the floor for any
+  process in the middle) and one in Python on a plain epoll loop (``bench.plain_relay``); a
+  naive trio relay that decodes every line (``bench.naive_relay``: the floor for any trio
+  process in the middle); ``acp-bridge stdio`` (defaults; with 50 policy rules and the journal
+  on, then off; with its session id rewritten); ``acp-bridge serve`` over WebSocket (defaults,
+  and with a client_queue large enough for a whole run) and over HTTP (POSTs and server-sent
+  events), beside the TypeScript SDK's own Streamable HTTP server (``AcpServer``) in front of
+  the same agent. Updates/s, best of 3 [1] runs interleaved across the variants (one run for
+  the last two), ratio to direct; and the CPU time (user + system, all threads) of the process
+  in the middle per update, the least of its runs: a figure that depends far less on what else
+  the machine is doing than the rates do;
 - round trip: 2,000 [300] sequential ``session/set_mode``: p50/p99, direct vs the relays
-  (C, plain Python epoll, naive trio) vs bridge (stdio and WebSocket) vs peers, and the
-  latency each adds; in blocks of 100 per variant taken in turn;
+  (C, plain Python epoll, naive trio) vs bridge (stdio, WebSocket and HTTP) vs peers, and the
+  latency each adds (over HTTP: the POST answered 202, then the answer on the session's
+  stream); in blocks of 100 per variant taken in turn;
 - scale: 50 agents x 10 sessions [5 x 4], 500 updates each, flooding at once through one
   stdio bridge: the aggregate rate, when each session finished, and the round trip of a
   probe session (on an idle agent of its own) measured back to back during the flood;
@@ -107,11 +109,13 @@ THROUGHPUT_VARIANTS = {
     "stdio": ("bridge stdio", "main"),
     "ws": ("bridge serve, WebSocket", "main"),
     "ws_queue": ("serve, WebSocket, client_queue 2^20", "other"),
+    "http": ("bridge serve, HTTP (server-sent events)", "main"),
     "stdio_policy_journal_on": ("stdio, policy rules, journal on", "main"),
     "stdio_policy_journal_off": ("stdio, policy rules, journal off", "main"),
     "stdio_rewrite": ("stdio, sessionId rewritten", "other"),
     "supergateway": (f"{peers.label(peers.SUPERGATEWAY)}, stdio→WebSocket", "main"),
     "conductor": (f"{peers.label(peers.CONDUCTOR)}, stdio", "main"),
+    "acp_server": (f"{peers.label(peers.SDK)} AcpServer, HTTP", "main"),
 }
 ROUND_TRIP_VARIANTS = (
     "direct",
@@ -120,14 +124,21 @@ ROUND_TRIP_VARIANTS = (
     "relay",
     "stdio",
     "ws",
+    "http",
     "supergateway",
     "conductor",
+    "acp_server",
 )
 #: round trips are taken in blocks of this many per variant, the variants in turn
 ROUND_TRIP_BLOCK = 100
 #: peer → the bridge variants it is compared with (the same transport to the client): the
-#: WebSocket one with the default client_queue, or the raised one when the default dropped
-PEER_OF = {"supergateway": ("ws", "ws_queue"), "conductor": ("stdio", "stdio")}
+#: WebSocket one with the default client_queue, or the raised one when the default dropped;
+#: the first is the one its round trips are compared with
+PEER_OF = {
+    "supergateway": ("ws", "ws_queue"),
+    "conductor": ("stdio", "stdio"),
+    "acp_server": ("http", "http"),
+}
 #: --compare: the same two stdio variants, run from the other checkout
 COMPARED = ("stdio_policy_journal_on", "stdio_policy_journal_off")
 
@@ -164,6 +175,7 @@ def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
             kind="ws",
             config=config_text(one, websocket=True, extra=WS_BIG_QUEUE),
         ),
+        "http": Target(scratch, "http", kind="http", config=config_text(one, websocket=True)),
         "stdio_policy_journal_on": Target(
             scratch,
             "stdio_policy_journal_on",
@@ -182,6 +194,7 @@ def _make_targets(s: Settings, scratch: Path) -> dict[str, Target]:
         ),
         "supergateway": Target(scratch, "supergateway", kind="supergateway"),
         "conductor": Target(scratch, "conductor", kind="conductor"),
+        "acp_server": Target(scratch, "acp_server", kind="acp_server"),
     }
     if s.compare is not None:
         for key in COMPARED:
@@ -202,7 +215,7 @@ def settle(t: Target, deadline: float) -> None:
     includes the journal's whole work, and the next variant's run does not share the machine
     with this one's writer thread.
     """
-    if t.kind not in ("stdio", "ws") or t.client is None:
+    if t.kind not in ("stdio", "ws", "http") or t.client is None:
         return
     while True:
         journal = t.client.call("_acp_bridge/status", {}, deadline).get("journal")
@@ -383,7 +396,7 @@ def peer_ratios(variants: dict[str, Any], rt: dict[str, Any]) -> dict[str, Any]:
         row["throughput_ratio"] = a / b if a and b else None
         a, b = ours["cpu_us_per_update"], theirs["cpu_us_per_update"]
         row["cpu_ratio"] = a / b if a and b else None
-        rt_bridge = "ws" if peer == "supergateway" else "stdio"
+        rt_bridge = PEER_OF[peer][0]
         ours_rt, theirs_rt = rt[rt_bridge], rt[peer]
         row["round_trip_bridge"] = rt_bridge
         for q in ("p50", "p99"):

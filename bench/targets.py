@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import peers
-from bench.client import pipe_client, websocket_client
+from bench.client import http_client, pipe_client, websocket_client
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -142,8 +142,8 @@ class Target:
         self.key = key
         #: run the bridge from this checkout (PYTHONPATH) rather than the installed one
         self.source = source
-        #: "direct" | "c_relay" | "plain_relay" | "relay" | "stdio" | "ws" | "supergateway"
-        #: | "conductor"
+        #: "direct" | "c_relay" | "plain_relay" | "relay" | "stdio" | "ws" | "http"
+        #: | "supergateway" | "conductor" | "acp_server"
         self.kind = kind
         self.dir = scratch / key
         self.dir.mkdir(parents=True)
@@ -188,7 +188,8 @@ class Target:
 
     @property
     def websocket(self) -> bool:
-        return self.kind in ("ws", "supergateway")
+        """Served over a socket (not the process's pipes): stopped with SIGTERM."""
+        return self.kind in ("ws", "http", "supergateway", "acp_server")
 
     def _argv(self) -> list[str]:
         if self.kind == "direct":
@@ -204,9 +205,11 @@ class Target:
             return peers.supergateway_argv(agent_argv(), self._port)
         if self.kind == "conductor":
             return peers.conductor_argv(agent_argv())
+        if self.kind == "acp_server":
+            return peers.acp_server_argv(agent_argv())
         sub = "stdio" if self.kind == "stdio" else "serve"
         argv = [sys.executable, "-m", "acp_bridge", sub, "--config", str(self.config_path)]
-        if self.kind == "ws":
+        if self.kind in ("ws", "http"):
             argv += ["--port", "0"]
         return argv
 
@@ -218,6 +221,10 @@ class Target:
         if self.kind == "ws":
             url = self._wait_url(deadline)
             self.client, self._sock = websocket_client(url, TOKEN, deadline)
+        elif self.kind in ("http", "acp_server"):
+            marker = peers.ACP_SERVER_MARKER if self.kind == "acp_server" else "listening on "
+            url = self._wait_url(deadline, marker).replace("ws://", "http://", 1)
+            self.client, self._sock = http_client(url, TOKEN)
         elif self.kind == "supergateway":
             assert self._port is not None
             proc = self.proc
@@ -231,8 +238,7 @@ class Target:
         self.version = info.get("version") if isinstance(info, dict) else None
         return self.client
 
-    def _wait_url(self, deadline: float) -> str:
-        marker = "listening on "
+    def _wait_url(self, deadline: float, marker: str = "listening on ") -> str:
         while time.monotonic() < deadline:
             for line in self.log_path.read_text(errors="replace").splitlines():
                 if marker in line:

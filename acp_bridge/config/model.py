@@ -197,7 +197,8 @@ class WebSocketConfig:
         tls_cert: PEM certificate chain; with ``tls_key``, the listener speaks TLS (wss://).
         tls_key: PEM private key of ``tls_cert``.
         max_message_bytes: the largest WebSocket message accepted (close 1009 past it).
-        max_connections: WebSocket connections open at once (503 past it).
+        max_connections: ACP connections open at once, WebSocket and HTTP together (503 past
+            it).
         ping_interval: seconds between keepalive pings; 0 disables them.
         ping_timeout: seconds a client has to answer a ping, or to take a frame we send,
             before the connection is dropped.
@@ -207,6 +208,15 @@ class WebSocketConfig:
             ``max_connections``. Past it a new connection takes the place of the oldest
             handshake if that one has been going for a second or more; else it is refused
             with 503.
+        http_max_streams: server-sent-event streams one HTTP connection may hold, its
+            connection's stream included (409 past it).
+        http_buffer_bytes: what may wait for one HTTP connection's streams to take it; a
+            connection that lets it fill up is cut off as a WebSocket client that stops
+            reading is.
+        http_retention_bytes: events one HTTP connection's streams wrote, kept so that a GET
+            with ``Last-Event-ID`` resumes after any of them (the oldest go first).
+        http_stream_timeout: seconds an HTTP connection lives with no stream open; then it
+            ends and its sessions detach.
     """
 
     host: str = "127.0.0.1"
@@ -225,6 +235,10 @@ class WebSocketConfig:
     idle_timeout: float = 3600.0
     handshake_timeout: float = 10.0
     max_handshakes: int = 16
+    http_max_streams: int = 16
+    http_buffer_bytes: int = 8 * 1024 * 1024
+    http_retention_bytes: int = 8 * 1024 * 1024
+    http_stream_timeout: float = 30.0
 
 
 @attrs.frozen
@@ -501,6 +515,10 @@ def _check(config: Config) -> list[str]:
     need(ws.idle_timeout >= 0, "websocket.idle_timeout", "must not be negative")
     need(ws.handshake_timeout > 0, "websocket.handshake_timeout", "must be positive")
     need(ws.max_handshakes >= 1, "websocket.max_handshakes", "must be at least 1")
+    need(ws.http_max_streams >= 2, "websocket.http_max_streams", "must be at least 2")
+    need(ws.http_buffer_bytes >= 65536, "websocket.http_buffer_bytes", "must be at least 65536")
+    need(ws.http_retention_bytes >= 0, "websocket.http_retention_bytes", "must not be negative")
+    need(ws.http_stream_timeout > 0, "websocket.http_stream_timeout", "must be positive")
     need(config.store.path != "", "store.path", "must not be empty")
     need(config.store.journal_keep >= 1, "store.journal_keep", "must be at least 1")
     need(config.store.journal_days >= 0, "store.journal_days", "must not be negative")

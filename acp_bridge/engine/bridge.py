@@ -155,7 +155,7 @@ class Bridge:
 
     # ------------------------------------------------------------------ what the faces call
 
-    def open_client(self, name: str, *, blocking: bool) -> ClientLink:
+    def open_client(self, name: str, *, blocking: bool, transport: str = "stdio") -> ClientLink:
         hub = self.hub
         link = ClientLink(
             name=name,
@@ -165,6 +165,7 @@ class Bridge:
             counters=hub.counters,
             ids=hub.client_ids,
             request_ids=hub.client_request_ids,
+            transport=transport,
         )
         hub.clients.add(link)
         return link

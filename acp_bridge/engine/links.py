@@ -104,11 +104,14 @@ class ClientLink:
         counters: collections.Counter[str] | None = None,
         ids: Iterator[int] | None = None,
         request_ids: Iterator[int] | None = None,
+        transport: str = "stdio",
     ) -> None:
         # ids: the bridge's counter of links (by default this link is number 1)
         self.id = next(ids if ids is not None else itertools.count(1))
         self.name = name
         self.blocking = blocking
+        #: what carries it: "stdio", "ws" or "http" (for status)
+        self.transport = transport
         self._tracer = tracer
         self._link = f"client:{name}"
         self._counters: collections.Counter[str] = (

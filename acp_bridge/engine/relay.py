@@ -27,7 +27,7 @@ from acp_bridge.protocol.jsonrpc import (
     rewrite_session_id,
 )
 from acp_bridge.protocol.notices import is_notice, wants_notices
-from acp_bridge.protocol.wire import set_seq
+from acp_bridge.protocol.wire import set_seq, stamp_run
 from acp_bridge.runtime import pipes
 from acp_bridge.sessions.table import Session, SessionState, track_setup
 
@@ -181,9 +181,10 @@ class Relay:
         entry, one history extension, one journal note) without decoding them. Returns how
         many were relayed: ``count``; fewer (maybe 0) when the client's queue has room for
         only so many (the first of them were); -1, with nothing done, when the lines need
-        more than that (a session id that cannot be rewritten on the bytes, a ``seq`` stamp,
-        a sub-agent's watch, a trace, an unknown session): each line then takes
-        :meth:`relay_update`'s way, as if there were no run.
+        more than that (a session id that cannot be rewritten on the bytes, a sub-agent's
+        watch, a trace, an unknown session): each line then takes :meth:`relay_update`'s way,
+        as if there were no run. A client that asked for ``seq`` gets the run's lines
+        stamped (:func:`~acp_bridge.protocol.wire.stamp_run`).
         """
         session = self._sessions.find(agent.name, sid)
         if (
@@ -195,8 +196,6 @@ class Relay:
             return -1
         client = session.client
         if client is not None and not client.closed:
-            if client.want_seq:
-                return -1
             room = client.room()
             if room < count:
                 if room <= 0:
@@ -211,12 +210,15 @@ class Relay:
             data = rewritten
         self._counters["from_agent"] += count
         history = session.history
+        first = 0  # (the run's first number; 0: not numbered, an agent's own load replay)
         if history is not None and session.state is not _LOADING:
-            history.extend(data, count)
+            first = history.extend(data, count) - count + 1
             if self._journal is not None:
                 self._journal.updated(session.bridge_id, history)
         if client is not None:
-            client.put_run(data, count, session)
+            # A client that asked for the numbers gets them stamped on each line (decoded and
+            # encoded: still one queue entry and one history chunk for the run).
+            client.put_run(stamp_run(data, first) if client.want_seq else data, count, session)
         return count
 
     def relay_update(self, agent: AgentLink, line: bytes | Oversize) -> bool:

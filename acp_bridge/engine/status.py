@@ -59,7 +59,12 @@ def status(hub: Hub, approvals: Approvals, reverse: Reverse) -> JsonObject:
         for s in hub.sessions
     ]
     clients = [
-        {"name": c.name, "queueDepth": c.queue_depth(), "pendingRequests": len(c.inflight)}
+        {
+            "name": c.name,
+            "transport": c.transport,
+            "queueDepth": c.queue_depth(),
+            "pendingRequests": len(c.inflight),
+        }
         for c in hub.clients
     ]
     return {

@@ -7,8 +7,11 @@ One port serves, through ``http.server`` (checks in the order of ``http.wire``):
 - ``GET /healthz``: the agents' states, to anyone (no token: it carries no session data);
 - ``GET /status`` (JSON) and ``GET /metrics`` (Prometheus text): ``Origin`` absent or in
   ``allowed_origins`` (**403**), the token (**401**);
-- the ACP path (``/acp``), ``GET`` only (**405**): a WebSocket upgrade
-  (``faces.handshake.check_upgrade``: **426**, **400**), then ``Origin`` and the token as above;
+- the ACP path (``/acp``): ``GET`` with a WebSocket upgrade (``faces.handshake.check_upgrade``:
+  **426**, **400**), ``GET`` of server-sent events (``Accept: text/event-stream``, else
+  **406**), ``POST`` and ``DELETE`` (ACP over HTTP: ``faces.http_acp_core``; any other method
+  **405**); then ``Origin`` as above and the token, or the approval console's session cookie
+  (**401**);
 - ``/console`` and below: the approval console, with its own rules
   (``faces.console_core.console_routes``).
 
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 import attrs
 
 from acp_bridge.config.model import ConfigError
-from acp_bridge.faces.console_core import console_routes
+from acp_bridge.faces.console_core import ConsoleSession, console_routes
 from acp_bridge.faces.handshake import check_upgrade
 from acp_bridge.faces.token import is_loopback
 from acp_bridge.http.wire import (
@@ -35,12 +38,15 @@ from acp_bridge.http.wire import (
     BearerToken,
     Hosts,
     OriginRule,
+    RequestHead,
+    Response,
     Route,
     Site,
     bracketed,
     host_key,
     origin_key,
     plain,
+    presented_bearer,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +55,16 @@ if TYPE_CHECKING:
     from acp_bridge.config.model import Config, WebSocketConfig
     from acp_bridge.faces.console_core import ConsoleKeys
 
-__all__ = ["BUSY", "HANDLERS", "ListenerPolicy", "check_bind", "listener_site"]
+__all__ = [
+    "BUSY",
+    "HANDLERS",
+    "AcpCredential",
+    "ConnectionSlots",
+    "ListenerPolicy",
+    "check_acp",
+    "check_bind",
+    "listener_site",
+]
 
 H = TypeVar("H")
 
@@ -59,6 +74,8 @@ BUSY: Final = plain(503, "busy: too many handshakes", (("Retry-After", "5"),))
 #: The handlers :func:`listener_site` needs, by name.
 HANDLERS: Final = (
     "acp",
+    "acp.post",
+    "acp.delete",
     "health",
     "status",
     "metrics",
@@ -80,7 +97,7 @@ class ListenerPolicy:
         hosts: the accepted ``Host`` values.
         port: the listening port.
         origins: accepted ``Origin`` values, normalized.
-        max_connections: WebSocket connections allowed at once.
+        max_connections: ACP connections allowed at once, WebSocket and HTTP together.
     """
 
     path: str
@@ -119,6 +136,62 @@ class ListenerPolicy:
         )
 
 
+class ConnectionSlots:
+    """The ACP connections open, WebSocket and HTTP together, against ``max_connections``."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.taken = 0
+
+    def take(self) -> bool:
+        """A place for one more connection (taken now); False when all are taken."""
+        if self.taken >= self.cap:
+            return False
+        self.taken += 1
+        return True
+
+    def give(self) -> None:
+        self.taken -= 1
+
+
+def check_acp(head: RequestHead) -> Response | None:
+    """
+    The form of a request on the ACP path: a GET is a WebSocket upgrade (when it names one,
+    it must be well formed) or asks for server-sent events (**406** otherwise); POST and
+    DELETE are judged by their handlers.
+    """
+    if head.method != "GET":
+        return None
+    if head.values("upgrade") or "upgrade" in head.tokens("connection"):
+        return check_upgrade(head)
+    if "text/event-stream" not in {t.split(";", 1)[0] for t in head.tokens("accept")}:
+        return plain(
+            406,
+            "not acceptable: a WebSocket upgrade, or Accept: text/event-stream",
+            (("Upgrade", "websocket"),),
+        )
+    return None
+
+
+@attrs.frozen
+class AcpCredential:
+    """
+    Who may use the ACP path: the token (``Authorization: Bearer`` or ``?token=``), or the
+    approval console's session cookie (a browser that logged in there); the principal is
+    True, or the console session's nonce.
+    """
+
+    bearer: BearerToken
+    console: ConsoleSession
+
+    def authenticate(self, head: RequestHead, *, now: float) -> object:
+        if presented_bearer(head, query=True) is None and head.values("cookie"):
+            session = self.console.authenticate(head, now=now)
+            if not isinstance(session, Response):
+                return session
+        return self.bearer.authenticate(head, now=now)
+
+
 def listener_site(policy: ListenerPolicy, keys: ConsoleKeys, handlers: Mapping[str, H]) -> Site[H]:
     """The listener's endpoints, each with its handler from ``handlers`` (every name of
     :data:`HANDLERS`). The ACP path wins over any other, ``/healthz`` over it."""
@@ -128,11 +201,10 @@ def listener_site(policy: ListenerPolicy, keys: ConsoleKeys, handlers: Mapping[s
     for path in ("/status", "/metrics"):
         routes[path] = Route({"GET": handlers[path[1:]]}, origin=listed, credential=bearer)
     routes[policy.path] = Route(
-        {"GET": handlers["acp"]},
-        check=check_upgrade,
+        {"GET": handlers["acp"], "POST": handlers["acp.post"], "DELETE": handlers["acp.delete"]},
+        check=check_acp,
         origin=listed,
-        credential=bearer,
-        wrong_method="method not allowed: WebSocket only",
+        credential=AcpCredential(bearer, ConsoleSession(keys, policy.token)),
     )
     routes["/healthz"] = Route({"GET": handlers["health"]})
     return Site(policy.hosts, routes)

@@ -69,7 +69,8 @@ class ListenInfo:
     Attributes:
         host: the address bound (the first one, if a name resolved to several).
         port: the port bound (the real one when the config said 0).
-        url: the ACP endpoint, ``ws://`` or ``wss://``, for local clients.
+        url: the ACP endpoint, ``ws://`` or ``wss://``, for local clients (over HTTP the
+            same path: :attr:`http_url`).
         token_path: the token file, or None when the token is inline in the config.
         console_login: the approval console's login link (it carries the token).
     """
@@ -79,6 +80,12 @@ class ListenInfo:
     url: str
     token_path: str | None
     console_login: str | None = attrs.field(default=None, repr=False)
+
+    @property
+    def http_url(self) -> str:
+        """The ACP endpoint for HTTP clients (POST and server-sent events): ``http(s)://``."""
+        scheme, rest = self.url.split("://", 1)
+        return f"{scheme.replace('ws', 'http')}://{rest}"
 
 
 @attrs.frozen
@@ -255,6 +262,7 @@ def startup_summary(
     return "\n".join(
         [
             f"acp-bridge serve: listening on {info.url}",
+            f"  http:    {info.http_url} (ACP over HTTP: POST, and server-sent events on GET)",
             f"  agent:   {agent} ({agent_state})",
             token_line,
             f"  health:  {http_scheme}://{base}/healthz",

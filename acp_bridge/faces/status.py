@@ -217,7 +217,7 @@ def format_status(status: JsonObject, *, url: str = "") -> str:
     lines.append(f"connections ({len(connections)}):")
     for c in connections:
         lines.append(
-            f"  {c['name']:<16} queue {c.get('queueDepth', 0):<4}"
+            f"  {c['name']:<16} {c.get('transport', '?'):<5} queue {c.get('queueDepth', 0):<4}"
             f" pending requests {c.get('pendingRequests', 0)}"
         )
     counters: dict[str, int] = status.get("counters", {})

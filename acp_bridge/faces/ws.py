@@ -1,7 +1,8 @@
 """
-The daemon's network face: ACP over WebSocket (``GET /acp``), ``GET /healthz``,
-``GET /status``, ``GET /metrics`` and the approval console (``/console``, served by
-``faces.console.py``), one port.
+The daemon's network face: ACP over WebSocket (``GET /acp``) and over HTTP (``POST``, ``GET``
+of server-sent events and ``DELETE`` on ``/acp``, served by ``faces.http_acp``),
+``GET /healthz``, ``GET /status``, ``GET /metrics`` and the approval console (``/console``,
+served by ``faces.console.py``), one port.
 
 Every TCP connection goes through ``http.server``: TLS and the request head within
 ``handshake_timeout`` (at most 16 KiB, else **431**), at most ``max_handshakes`` of them under
@@ -15,15 +16,16 @@ response written before any session data exists. The listener that hands connect
 ``faces.serve.py``.
 
 An accepted upgrade is answered with **101** and an ``Acp-Connection-Id`` header (unless
-``max_connections`` are open: 503), and the bridge then reads and writes the WebSocket frames
-itself (``faces.ws_frames.py`` parses them): the task that handles a client's messages reads
-the socket (at once when data is there, as the pipes are read) and hands each message on with
-no task or channel between. Each WebSocket connection is one ACP client of the bridge
-(:meth:`Bridge.open_client`, non-blocking): the first message must be ``initialize`` (else
-close 1002), each text message is one JSON-RPC message, binary messages are ignored. Pings
-are answered, pongs settle our keepalive pings, a client's close frame is answered. A frame
-the parser refuses (invalid UTF-8, unmasked, an unknown opcode, ...) ends the connection with
-a close frame, 1007 or 1002, and the TCP connection is closed at once.
+``max_connections`` ACP connections, WebSocket and HTTP together, are open: 503), and the
+bridge then reads and writes the WebSocket frames itself (``faces.ws_frames.py`` parses them):
+the task that handles a client's messages reads the socket (at once when data is there, as the
+pipes are read) and hands each message on with no task or channel between. Each WebSocket
+connection is one ACP client of the bridge (:meth:`Bridge.open_client`, non-blocking): the
+first message must be ``initialize`` (else close 1002), each text message is one JSON-RPC
+message, binary messages are ignored. Pings are answered, pongs settle our keepalive pings, a
+client's close frame is answered. A frame the parser refuses (invalid UTF-8, unmasked, an
+unknown opcode, ...) ends the connection with a close frame, 1007 or 1002, and the TCP
+connection is closed at once.
 
 Backpressure:
     Inbound, the bridge reads a connection only when it has handled every message already
@@ -53,7 +55,8 @@ import trio
 from acp_bridge.faces import ws_frames as frames
 from acp_bridge.faces.console import Console
 from acp_bridge.faces.handshake import TOO_MANY, is_initialize
-from acp_bridge.faces.listener_core import BUSY, ListenerPolicy, listener_site
+from acp_bridge.faces.http_acp import HttpAcp, HttpAcpStatistics
+from acp_bridge.faces.listener_core import BUSY, ConnectionSlots, ListenerPolicy, listener_site
 from acp_bridge.faces.status import METRICS_CONTENT_TYPE, render_metrics
 from acp_bridge.faces.v2 import V2Gate
 from acp_bridge.faces.ws_conn import Closed as _Closed
@@ -139,12 +142,14 @@ class WebSocketStatistics:
         handshakes: connections still in their HTTP/TLS handshake.
         accepted: WebSocket connections accepted since start.
         refused: requests answered with an HTTP error since start.
+        http: the ACP connections over HTTP.
     """
 
     connections: int
     handshakes: int
     accepted: int
     refused: int
+    http: HttpAcpStatistics
 
 
 class WebSocketFace:
@@ -175,6 +180,15 @@ class WebSocketFace:
         self.policy = ListenerPolicy.build(settings, token=token, port=port, tls=tls)
         self._connections: set[str] = set()
         self._accepted = 0
+        #: ACP connections open, WebSocket and HTTP together
+        self._slots = ConnectionSlots(settings.max_connections)
+        #: ACP over HTTP on the same path
+        self.http_acp = HttpAcp(
+            bridge,
+            settings,
+            self._slots,
+            cookie=HttpAcp.affinity_cookie(port, settings.path, tls=tls),
+        )
         #: the approval console on this listener
         self.console = Console(
             bridge.approvals,
@@ -184,7 +198,9 @@ class WebSocketFace:
             send_timeout=settings.ping_timeout,
         )
         handlers = {
-            "acp": self._upgrade,
+            "acp": self._acp_get,
+            "acp.post": self.http_acp.post,
+            "acp.delete": self.http_acp.delete,
             "health": self._health,
             "status": self._status,
             "metrics": self._metrics,
@@ -211,6 +227,7 @@ class WebSocketFace:
             handshakes=http.pending,
             accepted=self._accepted,
             refused=http.refused,
+            http=self.http_acp.statistics(),
         )
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
@@ -240,12 +257,19 @@ class WebSocketFace:
 
     # ------------------------------------------------------------------ WebSocket
 
+    async def _acp_get(self, exchange: Exchange) -> Response | None:
+        """A GET of the ACP path: a WebSocket upgrade, or a stream of server-sent events (the
+        listener checked which, and its form)."""
+        if exchange.head.values("upgrade"):
+            return await self._upgrade(exchange)
+        return await self.http_acp.events(exchange)
+
     async def _upgrade(self, exchange: Exchange) -> Response | None:
         """Accept the upgrade (the listener checked it), then serve the connection."""
-        if len(self._connections) >= self.policy.max_connections:
+        if not self._slots.take():  # taken now: the cap counts handshakes being accepted
             return TOO_MANY
         conn_id = str(uuid.uuid4())
-        self._connections.add(conn_id)  # taken now: the cap counts handshakes being accepted
+        self._connections.add(conn_id)
         try:
             # (What the client sent after the head, frames already, is read first.)
             stream, rest = exchange.take()
@@ -260,13 +284,14 @@ class WebSocketFace:
             await self._serve(_Frames(replay, self._settings.max_message_bytes), conn_id)
         finally:
             self._connections.discard(conn_id)
+            self._slots.give()
         return None
 
     async def _serve(self, ws: _Frames, conn_id: str) -> None:
         """One ACP client over one WebSocket, until either side ends it."""
         log = logger.bind(connection_id=conn_id)
         log.info("ws_connected", connections=len(self._connections))
-        client = self._bridge.open_client(f"ws:{conn_id[:8]}", blocking=False)
+        client = self._bridge.open_client(f"ws:{conn_id[:8]}", blocking=False, transport="ws")
         ending = _Ending(trio.CancelScope())
         handle = self._bridge.handle_client_line
         gate = V2Gate(client, handle) if self._bridge.hub.config.bridge.experimental_v2 else None

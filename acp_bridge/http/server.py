@@ -400,6 +400,7 @@ class HttpServer:
         self, reader: _Reader, place: _Place | None, hosts: Hosts | None, log: Log
     ) -> None:
         handshake = self._ssl is not None
+        kept = False  # (a kept connection that goes quiet is a client's pool, not an attack)
         while place is not None:
             got: RequestHead | Response | None = None
             try:
@@ -415,7 +416,8 @@ class HttpServer:
             finally:
                 self._pending.pop(place, None)
             if place.scope.cancelled_caught:
-                log.info("http_head_evicted" if place.evicted else "http_head_timeout")
+                event = "http_head_evicted" if place.evicted else "http_head_timeout"
+                (log.debug if kept else log.info)(event)
                 return
             if got is None:
                 log.debug("http_no_request")
@@ -424,6 +426,7 @@ class HttpServer:
                 await self._finish(reader.stream, got, log)
                 return
             place = await self._exchange(reader, got, hosts, log)
+            kept = True
 
     async def _exchange(
         self, reader: _Reader, head: RequestHead, hosts: Hosts | None, log: Log

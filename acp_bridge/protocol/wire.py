@@ -56,6 +56,20 @@ def set_seq(params: JsonObject, seq: int) -> None:
     params["_meta"] = meta
 
 
+def stamp_run(data: bytes, first: int) -> bytes:
+    """
+    A run of updates (whole lines) with ``_meta.acp_bridge.seq`` stamped on each, numbered
+    from ``first`` (0: none of them numbered, each stamped 0), as a client that asked for the
+    numbers gets them.
+    """
+    out = []
+    for i, line in enumerate(data.split(b"\n")[:-1]):
+        msg = loads(line)
+        set_seq(msg["params"], first + i if first else 0)
+        out.append(dumps(msg))
+    return b"".join(out)
+
+
 def attached_elsewhere(sid: str) -> JsonRpcError:
     """The refusal of a request about a session another connection owns (-32002)."""
     return JsonRpcError.resource_not_found(

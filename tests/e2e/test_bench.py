@@ -27,7 +27,17 @@ def positive(value: object) -> bool:
 
 
 #: the benchmark's peers (bench/peers.py) and their npm packages
-PEERS = {"supergateway": "supergateway", "conductor": "@thinkwell/conductor"}
+PEERS = {
+    "supergateway": "supergateway",
+    "conductor": "@thinkwell/conductor",
+    "acp_server": "@agentclientprotocol/sdk",
+}
+#: how each peer is named in the table
+LABELS = {
+    "supergateway": "supergateway",
+    "conductor": "thinkwell conductor",
+    "acp_server": "TS SDK 2.4.0 AcpServer",
+}
 
 
 def peers_installed() -> bool:
@@ -106,11 +116,11 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
 
     round_trip = results["round_trip"]["variants"]
     floors = ("c_relay", "plain_relay", "relay") if has_cc() else ("plain_relay", "relay")
-    for key in ("direct", *floors, "stdio", "ws", *(PEERS if measured else ())):
+    for key in ("direct", *floors, "stdio", "ws", "http", *(PEERS if measured else ())):
         assert round_trip[key].get("error") is None, (key, round_trip[key].get("error"))
         assert positive(round_trip[key]["p50_us"]), key
         assert positive(round_trip[key]["p99_us"]), key
-    for key in (*floors, "stdio", "ws", *(PEERS if measured else ())):
+    for key in (*floors, "stdio", "ws", "http", *(PEERS if measured else ())):
         assert isinstance(round_trip[key]["added_p50_us"], float)
         assert isinstance(round_trip[key]["added_p99_us"], float)
 
@@ -119,9 +129,9 @@ async def test_quick_benchmark_runs_every_scenario(tmp_path):
     assert set(ratios) == set(PEERS)
     assert ratios["supergateway"]["round_trip_bridge"] == "ws"
     assert ratios["conductor"]["round_trip_bridge"] == "stdio"
+    assert ratios["acp_server"]["round_trip_bridge"] == "http"
     for key, row in ratios.items():
-        label = PEERS[key].removeprefix("@thinkwell/").replace("conductor", "thinkwell conductor")
-        assert label in table, label
+        assert LABELS[key] in table, LABELS[key]
         if measured:
             assert row["error"] is None, (key, row["error"])
             for figure in ("throughput_ratio", "cpu_ratio", "round_trip_p50_ratio"):

@@ -381,6 +381,8 @@ def test_serve_prints_the_console_login_link_with_its_token_only_to_a_terminal()
         console_login="http://127.0.0.1:8765/console?token=SECRET-TOKEN",
     )
     summary = startup_summary(info, agent="demo", agent_state="ready", show_token=True)
+    assert summary.splitlines()[0] == "acp-bridge serve: listening on ws://127.0.0.1:8765/acp"
+    assert "  http:    http://127.0.0.1:8765/acp (ACP over HTTP" in summary
     assert "  console: http://127.0.0.1:8765/console?token=SECRET-TOKEN" in summary
     assert "SECRET-TOKEN" not in repr(info)
     for told in (

@@ -98,8 +98,18 @@ EVIL_ORIGIN = ("origin", "https://evil.example")
         pytest.param("GET", "/status", (HOST,), 401, id="status-without-token"),
         pytest.param("GET", "/metrics", (HOST, AUTHORIZED, EVIL_ORIGIN), 403, id="metrics-origin"),
         pytest.param("GET", "/nope", (HOST, AUTHORIZED), 404, id="unknown-path"),
-        pytest.param("POST", "/acp", (HOST, AUTHORIZED, *UPGRADE_HEADERS), 405, id="post-acp"),
-        pytest.param("GET", "/acp", (HOST, AUTHORIZED), 426, id="no-upgrade"),
+        pytest.param("PUT", "/acp", (HOST, AUTHORIZED, *UPGRADE_HEADERS), 405, id="put-acp"),
+        pytest.param("GET", "/acp", (HOST, AUTHORIZED), 406, id="neither-upgrade-nor-events"),
+        pytest.param(
+            "GET",
+            "/acp",
+            (HOST, AUTHORIZED, ("accept", "text/event-stream")),
+            Admitted("acp", True),
+            id="events",
+        ),
+        pytest.param("POST", "/acp", (HOST, AUTHORIZED), Admitted("acp.post", True), id="post"),
+        pytest.param("DELETE", "/acp", (HOST,), 401, id="delete-without-token"),
+        pytest.param("POST", "/acp", (HOST, EVIL_ORIGIN, AUTHORIZED), 403, id="post-origin"),
         pytest.param("GET", "/acp", (HOST, *UPGRADE_HEADERS), 401, id="no-token"),
         pytest.param(
             "GET", "/acp", (HOST, EVIL_ORIGIN, *UPGRADE_HEADERS), 403, id="origin-before-token"

@@ -125,7 +125,10 @@ STATUS = {
             "historyLastSeq": 0,
         },
     ],
-    "connections": [{"name": "ws:1234abcd", "queueDepth": 3, "pendingRequests": 1}],
+    "connections": [
+        {"name": "ws:1234abcd", "transport": "ws", "queueDepth": 3, "pendingRequests": 1},
+        {"name": "http:9876fedc", "transport": "http", "queueDepth": 0, "pendingRequests": 0},
+    ],
     "counters": {"from_client": 10, "to_agent": 9, "error:-32601": 2, "error:-32003": 1},
     "approvals": {"allow:client": 4, "deny:policy": 1},
     "memory": {
@@ -154,7 +157,7 @@ def test_metrics_text_has_every_family_with_help_type_and_escaped_labels():
     assert metric(samples, "acp_bridge_agent_up", agent="a") == 1
     assert metric(samples, "acp_bridge_agent_up", agent='we\\"ird\\\\na\\nme') == 0
     assert metric(samples, "acp_bridge_sessions") == 2
-    assert metric(samples, "acp_bridge_connections") == 1
+    assert metric(samples, "acp_bridge_connections") == 2
     assert metric(samples, "acp_bridge_queue_depth", link="client:ws:1234abcd") == 3
     assert metric(samples, "acp_bridge_queue_depth", link="agent:a") == 5
     assert metric(samples, "acp_bridge_memory_bytes", kind="resident") == 73_728 * 1024
@@ -197,7 +200,8 @@ def test_status_summary_names_agents_sessions_and_queues():
     assert re.search(r"agent a\s+active\s+connection ws:1234abcd\s+pending approvals 2", s1)
     s2 = next(line for line in lines if line.strip().startswith("s2"))
     assert "(detached)" in s2
-    assert "ws:1234abcd      queue 3" in text
+    assert "ws:1234abcd      ws    queue 3" in text
+    assert "http:9876fedc    http  queue 0" in text
     assert "errors: -32003=1, -32601=2" in text
     assert "approvals: allow:client=4, deny:policy=1" in text
     assert (

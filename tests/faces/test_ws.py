@@ -491,8 +491,8 @@ async def test_origin_and_host_matrix(host, extra, status):
     ("request_bytes", "status"),
     [
         pytest.param(lambda p: get_request(p, "/nope"), 404, id="unknown-path"),
-        pytest.param(lambda p: get_request(p, "/acp", method="POST"), 405, id="post-acp"),
-        pytest.param(lambda p: get_request(p, "/acp"), 426, id="acp-without-upgrade"),
+        pytest.param(lambda p: get_request(p, "/acp", method="PUT"), 405, id="put-acp"),
+        pytest.param(lambda p: get_request(p, "/acp"), 406, id="acp-neither-upgrade-nor-events"),
         pytest.param(
             lambda p: get_request(p, "/healthz", method="DELETE"), 405, id="delete-health"
         ),

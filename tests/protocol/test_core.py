@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from acp_bridge.protocol import jsonrpc
 from acp_bridge.protocol.framing import LineDecoder, Oversize
 from acp_bridge.protocol.jsonrpc import JsonRpcError, Kind, classify, dumps, loads
+from acp_bridge.protocol.wire import stamp_run
 from acp_bridge.sessions.table import PendingTable, SessionTable
 
 PURE_MODULES = [
@@ -435,3 +438,24 @@ def test_the_decoder_says_while_it_drops_an_oversize_line():
     assert decoder.discarding == 2000
     assert decoder.feed(b"x" * 5 + b"\n{}\n") == [Oversize(2005), b"{}"]
     assert decoder.discarding is None
+
+
+def test_stamp_run_numbers_each_line_of_a_run():
+    lines = [
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{}}}\n',
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{},'
+        b'"_meta":{"other":1,"acp_bridge":{"x":2}}}}\n',
+    ]
+    stamped = stamp_run(b"".join(lines), 41).splitlines(keepends=True)
+    assert [json.loads(line)["params"]["_meta"]["acp_bridge"]["seq"] for line in stamped] == [
+        41,
+        42,
+    ]
+    kept = json.loads(stamped[1])["params"]["_meta"]
+    assert kept == {"other": 1, "acp_bridge": {"x": 2, "seq": 42}}
+    assert all(line.endswith(b"\n") for line in stamped)
+    unnumbered = stamp_run(b"".join(lines), 0).splitlines()
+    assert [json.loads(line)["params"]["_meta"]["acp_bridge"]["seq"] for line in unnumbered] == [
+        0,
+        0,
+    ]

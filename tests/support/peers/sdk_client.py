@@ -36,7 +36,7 @@ from acp.schema import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
 
     from acp.client.connection import ClientSideConnection
 
@@ -103,6 +103,11 @@ class RecordingClient:
     async def wait_for_text(self, session_id: str, text: str) -> None:
         """Return once the session received a chunk with exactly this text."""
         while text not in self.texts(session_id):
+            await self._changed.wait()
+
+    async def wait_until(self, check: Callable[[], bool]) -> None:
+        """Return once ``check()`` holds (looked at again whenever something arrives)."""
+        while not check():
             await self._changed.wait()
 
     def _notify(self) -> None:

@@ -1,0 +1,115 @@
+"""
+ACP over HTTP with real processes and sockets: the daemon's banner and ``acp-bridge status``
+name the HTTP connection, and the HTTP half speaks TLS where the WebSocket half does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+
+import h11
+import pytest
+import trio
+
+from tests.faces.test_http_acp import new_session, prompt, texts
+from tests.faces.test_ws import NEW_SESSION, TIMEOUT, TOKEN, open_server
+from tests.support.fakes import FakeAgent
+from tests.support.http_acp import HttpAcpClient, opened, tcp, tls
+
+
+async def test_serve_prints_the_http_url_and_status_shows_an_http_connection(tmp_path):
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
+        'args = ["-m", "acp_bridge", "demo-agent", "--chunk-delay", "0"]\n'
+        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
+    )
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
+    with trio.fail_after(30):
+        proc = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert proc.stderr is not None
+            seen = b""
+            while (m := re.search(rb"  http:    (http://127\.0\.0\.1:(\d+)/acp) ", seen)) is None:
+                chunk = await proc.stderr.receive_some(65536)
+                assert chunk, seen.decode(errors="replace")
+                seen += chunk
+            port = int(m.group(2))
+            token = (tmp_path / "token").read_text().strip()
+
+            async def drain() -> None:
+                assert proc.stderr is not None
+                while await proc.stderr.receive_some(65536):
+                    pass
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain)
+                client = HttpAcpClient(tcp(port), host=f"127.0.0.1:{port}", token=token)
+                await client.initialize()
+                async with opened(client.events()) as events:
+                    sid = await new_session(client, events)
+                    status_argv = [sys.executable, "-m", "acp_bridge", "status"]
+                    status_argv += ["--config", str(config), "--url", f"http://127.0.0.1:{port}"]
+                    shown = await trio.run_process(
+                        status_argv, capture_stdout=True, capture_stderr=True, env=env
+                    )
+                    text = shown.stdout.decode()
+                    session = next(line for line in text.splitlines() if sid in line)
+                    assert re.search(r"connection http:[0-9a-f]{8}", session)
+                    assert re.search(r"^  http:[0-9a-f]{8}\s+http\s+queue", text, flags=re.M)
+                    as_json = await trio.run_process(
+                        [*status_argv, "--json"], capture_stdout=True, capture_stderr=True, env=env
+                    )
+                    [connection] = json.loads(as_json.stdout)["connections"]
+                    assert connection["transport"] == "http"
+                assert (await client.delete()).status == 202
+                proc.terminate()
+                assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+
+
+async def test_the_http_half_speaks_tls_where_the_websocket_half_does(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a test certificate")
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    argv = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    argv += f" -keyout {key} -out {cert} -days 1 -subj /CN=x -addext subjectAltName=IP:127.0.0.1"
+    await trio.run_process(argv.split(), capture_stdout=True, capture_stderr=True)
+    context = ssl.create_default_context(cafile=str(cert))
+    agent = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": agent}, tls_cert=str(cert), tls_key=str(key)) as server:
+            port = server.port
+            assert server.info.http_url == f"https://127.0.0.1:{port}/acp"
+            client = HttpAcpClient(tls(port, context), host=f"127.0.0.1:{port}", token=TOKEN)
+            reply = await client.initialize()
+            assert "Secure" in reply.headers["set-cookie"]
+            async with opened(client.events()) as events:
+                sid = await new_session(client, events)
+                async with opened(client.events(session=sid)) as session_events:
+                    msg = prompt(client, sid, "count 3")
+                    await client.post(msg, session=sid)
+                    seen = await session_events.until(lambda m: m.get("id") == msg["id"])
+            assert texts(seen) == ["a:s1:0", "a:s1:1", "a:s1:2"]
+            # Plain HTTP to the TLS port is not served.
+            plain = HttpAcpClient(tcp(port), host=f"127.0.0.1:{port}", token=TOKEN)
+            refused = (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError)
+            with pytest.raises(refused):
+                await plain.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", **NEW_SESSION})

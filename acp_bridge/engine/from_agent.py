@@ -86,6 +86,19 @@ class FromAgent:
         #: one life of an agent's stdout read until EOF (:meth:`Relay.reader`)
         self.reader = self._relay.reader
 
+    def record_own_update(self, session: Session, update: JsonObject) -> bytes:
+        """
+        An update of the bridge's own on ``session`` (a ``subagent_update``): recorded like
+        an agent's (history, journal, watchers), so a replay has it; the bytes for its owner.
+        """
+        self._hub.history(session)
+        params: JsonObject = {"sessionId": session.bridge_id, "update": update}
+        msg = rpc.notification("session/update", params)
+        # (Already the bridge's id: a rewrite, if the session has them, re-encodes the same.)
+        data = self._relay.record_update(session, msg, params, dumps(msg)[:-1])
+        client = session.client
+        return dumps(msg) if client is not None and client.want_seq else data
+
     async def line(self, agent: AgentLink, line: bytes | Oversize) -> None:
         """Any line of an agent's that the relay (:meth:`Relay.relay_update`) did not take."""
         self._counters["from_agent"] += 1

@@ -21,6 +21,7 @@ from acp_bridge.protocol.capabilities import has_session_cap
 from acp_bridge.protocol.jsonrpc import RESOURCE_NOT_FOUND, JsonRpcError, dumps
 from acp_bridge.protocol.wire import bridge_meta
 from acp_bridge.sessions import transitions
+from acp_bridge.sessions.tree import supports_subagents
 
 if TYPE_CHECKING:
     from acp_bridge.engine.approvals import Approvals
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from acp_bridge.engine.reverse import Reverse
     from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcId
     from acp_bridge.sessions.table import Session
+
+#: a ``subagent_update`` as the bridge records it (compact: its own encoding)
+_SUBAGENT_UPDATE = b'"sessionUpdate":"subagent_update"'
 
 
 class Reattach:
@@ -201,7 +205,18 @@ class Reattach:
             await client.send(dumps(rpc.request(client_id, entry.method, entry.context)))
 
     async def attach(self, session: Session, client: ClientLink) -> None:
-        """``client`` owns ``session`` now: a previous owner is told, what waited is sent."""
+        """
+        ``client`` owns ``session`` now: a previous owner is told, what waited is sent. Its
+        children (every descendant, docs/subagents.md) move with it: what their agents asked
+        of the previous owner is withdrawn from it and shown to ``client``.
+        """
+        await self._attach_one(session, client, tell=True)
+        for child in self._hub.tree.descendants(session.bridge_id):
+            found = self._hub.sessions.get(child.id)
+            if found is not None and found.client is not client:
+                await self._attach_one(found, client, tell=False)
+
+    async def _attach_one(self, session: Session, client: ClientLink, *, tell: bool) -> None:
         takeover = self.take_ownership(session, client)
         previous: ClientLink | None = takeover.previous
         if previous is not None:
@@ -213,12 +228,13 @@ class Reattach:
             # dialogs close), as a request settled elsewhere is.
             for client_id, shown in takeover.shown:
                 await self._approvals.withdraw(shown, previous, client_id)
-            await self._logs.send_log(
-                previous,
-                "warning",
-                "session taken over by another connection; this one no longer receives it",
-                session=session,
-            )
+            if tell:
+                await self._logs.send_log(
+                    previous,
+                    "warning",
+                    "session taken over by another connection; this one no longer receives it",
+                    session=session,
+                )
         for data in transitions.take_held(session, float("inf")):
             await client.send(data)
         await self.present_parked(session, client)
@@ -277,13 +293,16 @@ class Reattach:
         after: int = requested or 0
         history = self._hub.history(session)
         take_held = _hold_nothing if watching else transitions.take_held
+        # (``subagent_update``s are replayed to a client that advertised ``subagents`` only.)
+        hide_tree = not supports_subagents(client.capabilities)
         complete = True
         if load:
             entries, complete = history.after(after, live_only=catch_up)
             for data in take_held(session, after):
                 await client.send_wait(data)
             for seq, data in entries:
-                await client.send_wait(self.stamped(client, seq, data))
+                if not (hide_tree and _SUBAGENT_UPDATE in data):
+                    await client.send_wait(self.stamped(client, seq, data))
                 after = seq
                 for held in take_held(session, seq):
                     await client.send_wait(held)
@@ -309,7 +328,8 @@ class Reattach:
             if not entries:
                 break
             for seq, data in entries:
-                await client.send_wait(self.stamped(client, seq, data))
+                if not (hide_tree and _SUBAGENT_UPDATE in data):
+                    await client.send_wait(self.stamped(client, seq, data))
                 after = seq
                 for held in take_held(session, seq):
                     await client.send_wait(held)

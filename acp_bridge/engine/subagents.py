@@ -155,11 +155,17 @@ class Subagents:
         return self._visible(self._hub.sessions.get(child.id)) is not None
 
     async def _tell_parent(self, child: Child, update: JsonObject) -> None:
-        """A ``subagent_update`` on the child's parent, to a client that asked for them."""
-        client = self._visible(self._hub.sessions.get(child.parent))
+        """
+        A ``subagent_update`` on the child's parent: recorded in its history (a replay, a
+        watcher, has it), sent to its owner if it asked for them.
+        """
+        parent = self._hub.sessions.get(child.parent)
+        if parent is None:
+            return
+        data = self._from_agent.record_own_update(parent, update)
+        client = self._visible(parent)
         if client is not None:
-            params = {"sessionId": child.parent, "update": update}
-            await client.send(dumps(rpc.notification("session/update", params)))
+            await client.send(data)
 
     # ------------------------------------------------------------------ the tools
 

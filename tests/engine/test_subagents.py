@@ -19,6 +19,7 @@ from acp_bridge.demo.mcp_client import McpClient, McpError, connect, find_entry
 from acp_bridge.faces.status import format_status, session_tree
 from acp_bridge.policy.rules import Action, Policy, Rule
 from tests.support.fakes import FakeAgent, open_bridge
+from tests.support.fakes import connect as connect_client
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -391,3 +392,62 @@ async def test_a_load_the_agent_serves_is_offered_the_server_bound_to_that_sessi
             )
             assert "error" in answer
             assert len(bridge.subagents.endpoint.tokens) == before
+
+
+async def test_a_root_taken_over_takes_its_children_and_their_requests_with_it():
+    fakes = agents()
+    async with open_bridge(fakes) as (first, bridge), trio.open_nursery() as nursery:
+        with trio.fail_after(TIMEOUT):
+            parent = await first.new_session()
+            async with mcp_of(fakes["a"]) as mcp:
+                result = await spawn(mcp, "permission", wait=False)
+            child = result["structuredContent"]["child"]
+            # A stock client: shown the child's request on its parent's session.
+            shown = await first.agent_requests.receive()
+            assert shown["params"]["sessionId"] == parent
+            assert shown["params"]["_meta"]["acp_bridge"]["child"]["sessionId"] == child
+            second = await connect_client(bridge, nursery, name="second", subagents={})
+            await second.call("session/load", {"sessionId": parent, "cwd": "/w", "mcpServers": []})
+            # The replay has the tree: the child announced, running.
+            announced = [
+                m["params"]["update"]
+                for m in second.received
+                if m.get("method") == "session/update"
+                and m["params"]["sessionId"] == parent
+                and m["params"]["update"].get("sessionUpdate") == "subagent_update"
+            ]
+            assert [u["sessionId"] for u in announced] == [child, child]
+            assert announced[0]["title"] == "b"
+            assert announced[1]["state"] == {"state": "running"}
+            # The child's request moved: withdrawn from the first, shown to the second.
+            again = await second.agent_requests.receive()
+            assert again["method"] == "session/request_permission"
+            assert again["params"]["sessionId"] == child
+            await first.wait_for(
+                lambda m: (
+                    m.get("method") == "$/cancel_request"
+                    and m["params"]["requestId"] == shown["id"]
+                )
+            )
+            session = bridge.hub.sessions.get(child)
+            assert session is not None
+            client = session.client
+            assert client is not None
+            assert client.name == "second"
+            yes = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+            await second.send({"jsonrpc": "2.0", "id": again["id"], "result": yes})
+            # Its later updates go to the new owner; its end is announced there (recorded).
+            idle = await second.wait_for(
+                lambda m: (
+                    m.get("method") == "session/update"
+                    and m["params"]["update"].get("state", {}).get("state") == "idle"
+                )
+            )
+            assert idle["params"]["sessionId"] == parent
+            assert second.updates(child) == ["b:outcome:yes"]
+            assert first.updates(child) == []
+            assert all(
+                m.get("params", {}).get("update", {}).get("sessionUpdate") != "subagent_update"
+                for m in first.received
+            )
+        nursery.cancel_scope.cancel()

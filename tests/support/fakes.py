@@ -484,8 +484,10 @@ async def connect(
     seq: bool = False,
     log: str | None = "info",
     name: str = "client",
+    **caps: Any,
 ) -> TestClient:
-    """Another client connection to a running bridge (initialized)."""
+    """Another client connection to a running bridge (initialized; ``caps``: more of its
+    ``clientCapabilities``)."""
     client_side, bridge_side = trio.testing.memory_stream_pair()
     nursery.start_soon(
         functools.partial(
@@ -494,7 +496,9 @@ async def connect(
     )
     client = TestClient(client_side)
     nursery.start_soon(client.read_loop)
-    await client.initialize(seq=seq, log=log, fs={"readTextFile": True, "writeTextFile": True})
+    await client.initialize(
+        seq=seq, log=log, fs={"readTextFile": True, "writeTextFile": True}, **caps
+    )
     return client
 
 

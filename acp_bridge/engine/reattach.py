@@ -202,7 +202,9 @@ class Reattach:
             agent.inflight[entry.origin_id] = (client, client_id)
             if entry.method == "session/request_permission":
                 session.pending_permissions.add(client_id)
-            await client.send(dumps(rpc.request(client_id, entry.method, entry.context)))
+            # (A child's, to a client without ``subagents``: on its tree's root.)
+            params = self._hub.tree.present(session.bridge_id, client.capabilities, entry.context)
+            await client.send(dumps(rpc.request(client_id, entry.method, params)))
 
     async def attach(self, session: Session, client: ClientLink) -> None:
         """

@@ -183,6 +183,10 @@ class Bridge:
         """Everything ``acp-bridge status`` and ``/metrics`` show (see ``engine.status``)."""
         return status_report.status(self.hub, self.approvals, self.reverse)
 
+    def tree(self) -> JsonObject:
+        """The agents and their sessions, for the console's session tree (``engine.status``)."""
+        return status_report.tree(self.hub)
+
     def health(self) -> tuple[bool, JsonObject]:
         """Whether the default agent can serve now, and every agent's state (for /healthz)."""
         return status_report.health(self.hub)

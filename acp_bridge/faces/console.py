@@ -8,7 +8,8 @@ below) to one of the handlers here once it passed the console's checks (``Host``
 - ``GET /console``: the page (``acp_bridge/faces/static/index.html``, with its CSRF value), and
   ``/console/app.js``, ``/console/app.css`` (package files, no build step);
 - ``GET /console/events``: server-sent events, one ``snapshot`` of every pending request,
-  the recent settlements and the latest audit decisions, sent again at each change (bursts
+  the recent settlements, the latest audit decisions and the session tree (agents, their
+  sessions, sub-agents under their parents), sent again at each change (bursts
   coalesce) and at least every :data:`REFRESH` seconds (the countdowns, the audit list; a
   peer gone is noticed there). At most :data:`MAX_LIVE` at once (then **503**); a write the
   peer does not take within ``ping_timeout`` ends the stream;
@@ -43,10 +44,13 @@ from acp_bridge.faces.console_core import (
     parse_answer,
     pending_view,
     render_page,
+    session_tree,
 )
 from acp_bridge.http.wire import Response, json_response, plain
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from acp_bridge.engine.approvals import Approvals, Settlement
     from acp_bridge.engine.audit import AuditLog
     from acp_bridge.faces.listener_core import ListenerPolicy
@@ -84,6 +88,7 @@ class Console:
     Args:
         approvals: the bridge's approvals (listed, watched, answered).
         audit: the audit log (its latest decisions are shown).
+        tree: the agents and their sessions now (``Bridge.tree``: the session tree).
         policy: the listener's policy (token, port).
         tls: the listener speaks TLS (the cookie is then ``Secure``).
         send_timeout: seconds a live page may take to take a write (``ping_timeout``).
@@ -93,6 +98,7 @@ class Console:
         self,
         approvals: Approvals,
         audit: AuditLog,
+        tree: Callable[[], Mapping[str, Any]],
         policy: ListenerPolicy,
         *,
         tls: bool,
@@ -100,6 +106,7 @@ class Console:
     ) -> None:
         self._approvals = approvals
         self._audit = audit
+        self._tree = tree
         self.keys = ConsoleKeys.build(policy.token, port=policy.port, tls=tls)
         self._send_timeout = send_timeout
         self._changed = trio.Event()
@@ -130,7 +137,8 @@ class Console:
     # ------------------------------------------------------------------ what is shown
 
     def snapshot(self) -> dict[str, Any]:
-        """Every pending request, the recent settlements and the latest audit decisions."""
+        """Every pending request, the recent settlements, the latest audit decisions and the
+        session tree (at most ``MAX_TREE_SESSIONS`` sessions listed)."""
         now = trio.current_time()
         pending = []
         for entry in self._approvals.desk.waiting():
@@ -153,11 +161,13 @@ class Console:
                 )
             )
         recent = list(self._audit.recent)[-SHOWN_DECISIONS:]
+        tree = self._tree()
         return {
             "type": "snapshot",
             "pending": pending,
             "settled": list(self._settled.values())[-SHOWN_SETTLED:],
             "decisions": [decision_view(r) for r in reversed(recent)],
+            "tree": session_tree(list(tree["agents"]), list(tree["sessions"])),
         }
 
     # ------------------------------------------------------------------ requests

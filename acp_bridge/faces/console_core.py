@@ -21,8 +21,8 @@ default), plus what a browser needs (:func:`console_routes`):
 - A **Content-Security-Policy** with no inline script (:data:`CSP`), and the headers that keep
   the page out of frames and its address out of referrers.
 
-Then :func:`pending_view` and :func:`decision_view` shape what the page shows (bounded:
-:data:`MAX_DIFF_LINES`, :data:`MAX_TEXT`).
+Then :func:`pending_view`, :func:`decision_view` and :func:`session_tree` shape what the page
+shows (bounded: :data:`MAX_DIFF_LINES`, :data:`MAX_TEXT`, :data:`MAX_TREE_SESSIONS`).
 
 Pure: no trio, no socket, no clock (the caller passes ``now`` and random bytes).
 """
@@ -53,6 +53,7 @@ __all__ = [
     "ANSWER_MAX_BYTES",
     "CSP",
     "MAX_DIFF_LINES",
+    "MAX_TREE_SESSIONS",
     "SECURITY_HEADERS",
     "SESSION_TTL",
     "ConsoleKeys",
@@ -64,6 +65,7 @@ __all__ = [
     "parse_answer",
     "pending_view",
     "render_page",
+    "session_tree",
 ]
 
 #: Seconds a console session (its cookie) lasts; then the login link is needed again.
@@ -73,6 +75,8 @@ MAX_DIFF_LINES: Final = 400
 #: Characters of one side of a diff (or a command) considered; longer texts are cut first
 #: (difflib's cost grows with the square of the lines in the worst case).
 MAX_TEXT: Final = 64 * 1024
+#: Sessions the session tree lists at most (the rest are counted, not listed).
+MAX_TREE_SESSIONS: Final = 200
 #: The largest answer body read (an id and an option id).
 ANSWER_MAX_BYTES: Final = 4096
 #: Paths of the console, and the file each asset is.
@@ -388,4 +392,64 @@ def decision_view(record: AuditRecord) -> dict[str, Any]:
         "option": record.option_id,
         "source": record.source,
         "connection": record.connection,
+    }
+
+
+def session_tree(
+    agents: list[Mapping[str, Any]],
+    sessions: list[Mapping[str, Any]],
+    *,
+    limit: int = MAX_TREE_SESSIONS,
+) -> dict[str, Any]:
+    """
+    The session tree the page shows beside the approvals, from the status snapshot's
+    ``agents`` and ``sessions`` rows: each agent with its top-level sessions, each session
+    with its sub-agents' sessions (``children``) under it, its owner ``connection``, its
+    ``watchers`` count, its ``state`` and its pending approvals.
+
+    At most ``limit`` sessions are listed (the status order, which is the table's: oldest
+    first, a parent before its children); ``omitted`` counts the rest. A session whose parent
+    is not listed (ended, or past the limit) is shown at its agent's top level, marked
+    ``orphan``.
+    """
+    listed = sessions[:limit]
+    nodes: dict[str, dict[str, Any]] = {}
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for row in listed:
+        sid = row.get("sessionId")
+        if not isinstance(sid, str) or sid in nodes:
+            continue
+        parent = row.get("parent")
+        node: dict[str, Any] = {
+            "id": sid,
+            "agent": row.get("agent"),
+            "state": row.get("state"),
+            "connection": row.get("connection"),
+            "watchers": row.get("watchers") or 0,
+            "pending": row.get("pendingApprovals") or 0,
+            "parent": parent,
+            "orphan": False,
+            "children": [],
+        }
+        nodes[sid] = node
+        # only under a parent listed before it: no cycle can hide a session
+        if isinstance(parent, str) and parent in nodes and parent != sid:
+            nodes[parent]["children"].append(node)
+        else:
+            node["orphan"] = parent is not None
+            by_agent.setdefault(str(node["agent"]), []).append(node)
+    tree = [
+        {
+            "name": a.get("name"),
+            "state": a.get("state"),
+            "sessions": by_agent.pop(str(a.get("name")), []),
+        }
+        for a in agents
+    ]
+    # sessions of agents the snapshot does not list (gone since): under their own names
+    tree.extend({"name": name, "state": None, "sessions": rows} for name, rows in by_agent.items())
+    return {
+        "agents": tree,
+        "total": len(sessions),
+        "omitted": max(0, len(sessions) - len(listed)),
     }

@@ -193,6 +193,7 @@ class WebSocketFace:
         self.console = Console(
             bridge.approvals,
             bridge.hub.audit,
+            bridge.tree,
             self.policy,
             tls=tls,
             send_timeout=settings.ping_timeout,

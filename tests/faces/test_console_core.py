@@ -14,6 +14,7 @@ from acp_bridge.faces.console_core import (
     diff_lines,
     parse_answer,
     pending_view,
+    session_tree,
 )
 from acp_bridge.faces.listener_core import HANDLERS, ListenerPolicy, listener_site
 from acp_bridge.http.wire import Admitted, RequestHead, Response, plain
@@ -263,3 +264,51 @@ def test_a_session_title_follows_session_info_updates(title):
     track_setup(session, {"sessionUpdate": "session_info_update", "title": title})
     assert session.title == title
     assert session.setup == {}
+
+
+def _row(sid: str, agent: str = "demo", parent: str | None = None, **extra) -> dict:
+    return {
+        "sessionId": sid,
+        "agent": agent,
+        "state": "active",
+        "parent": parent,
+        "connection": "ws:1",
+        "watchers": 0,
+        "pendingApprovals": 0,
+        **extra,
+    }
+
+
+def test_the_session_tree_puts_sub_agents_under_their_parents():
+    agents = [{"name": "demo", "state": "ready"}, {"name": "other", "state": "down"}]
+    rows = [
+        _row("a", watchers=2, pendingApprovals=1),
+        _row("b", agent="other", connection=None),
+        _row("a1", parent="a"),
+        _row("a1x", parent="a1"),
+    ]
+    tree = session_tree(agents, rows)
+    assert (tree["total"], tree["omitted"]) == (4, 0)
+    demo, other = tree["agents"]
+    assert (demo["name"], demo["state"]) == ("demo", "ready")
+    [a] = demo["sessions"]
+    assert (a["id"], a["watchers"], a["pending"], a["connection"]) == ("a", 2, 1, "ws:1")
+    assert [c["id"] for c in a["children"]] == ["a1"]
+    assert [c["id"] for c in a["children"][0]["children"]] == ["a1x"]
+    assert [s["id"] for s in other["sessions"]] == ["b"]
+    assert other["sessions"][0]["connection"] is None
+
+
+def test_the_session_tree_is_bounded_and_shows_orphans_and_gone_agents():
+    rows = [_row(f"s{i}") for i in range(5)]
+    tree = session_tree([{"name": "demo", "state": "ready"}], rows, limit=3)
+    assert [s["id"] for s in tree["agents"][0]["sessions"]] == ["s0", "s1", "s2"]
+    assert (tree["total"], tree["omitted"]) == (5, 2)
+    # a parent not listed (or listed after: no cycle hides a session): at the top, an orphan
+    tree = session_tree(
+        [], [_row("x", parent="y", agent="gone"), _row("y", parent="x", agent="gone")]
+    )
+    [gone] = tree["agents"]
+    assert (gone["name"], gone["state"]) == ("gone", None)
+    assert [(s["id"], s["orphan"]) for s in gone["sessions"]] == [("x", True)]
+    assert [c["id"] for c in gone["sessions"][0]["children"]] == ["y"]

@@ -169,6 +169,7 @@ function render(snapshot) {
   document.getElementById("count").textContent = String(snapshot.pending.length);
   document.getElementById("empty").hidden = snapshot.pending.length > 0;
   renderDecisions(snapshot.decisions);
+  renderTree(snapshot.tree);
   tick();
 }
 
@@ -182,6 +183,34 @@ function renderDecisions(decisions) {
     el("td", { class: d.decision }, d.decision),
     el("td", null, d.option || ""),
     el("td", null, d.connection ? d.source + " (" + d.connection + ")" : d.source))));
+}
+
+function sessionNode(session) {
+  const owner = session.connection ? "owner " + session.connection : "no owner";
+  const facts = [session.state, owner, session.watchers + " watching"];
+  if (session.pending) facts.push(session.pending + " pending");
+  if (session.orphan) facts.push("parent " + session.parent + " not listed");
+  const item = el("li", { class: "session", "data-session": session.id,
+                          "data-state": session.state || "" },
+    el("code", null, session.id), " ", el("span", { class: "facts" }, facts.join(" · ")));
+  if (session.children.length) {
+    item.append(el("ul", { class: "children" }, ...session.children.map(sessionNode)));
+  }
+  return item;
+}
+
+function renderTree(tree) {
+  const list = document.getElementById("tree");
+  list.replaceChildren(...tree.agents.map((agent) => el("li", { class: "agent",
+                                                                "data-agent": agent.name },
+    el("strong", null, agent.name), " ", el("span", { class: "facts" }, agent.state || "gone"),
+    agent.sessions.length ? el("ul", null, ...agent.sessions.map(sessionNode)) : null)));
+  document.getElementById("session-count").textContent = String(tree.total);
+  document.getElementById("tree-empty").hidden = tree.agents.length > 0;
+  const omitted = document.getElementById("tree-omitted");
+  omitted.hidden = !tree.omitted;
+  omitted.textContent = tree.omitted ? "… and " + tree.omitted + " more sessions, not listed" +
+    " (acp-bridge status lists them all)" : "";
 }
 
 function tick() {

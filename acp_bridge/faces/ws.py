@@ -194,6 +194,7 @@ class WebSocketFace:
             bridge.approvals,
             bridge.hub.audit,
             bridge.tree,
+            bridge.session_log,
             self.policy,
             tls=tls,
             send_timeout=settings.ping_timeout,

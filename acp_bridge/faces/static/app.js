@@ -4,6 +4,8 @@
 "use strict";
 
 const csrf = document.querySelector('meta[name="csrf-token"]').content;
+// A session page follows one session (its meta tag); the console's page, all of them.
+const followed = (document.querySelector('meta[name="console-session"]') || {}).content || "";
 const cards = new Map(); // request id -> {el, deadline (ms, this clock), settled}
 const SETTLED_KEPT_MS = 10 * 60 * 1000;
 
@@ -168,8 +170,9 @@ function render(snapshot) {
   }
   document.getElementById("count").textContent = String(snapshot.pending.length);
   document.getElementById("empty").hidden = snapshot.pending.length > 0;
-  renderDecisions(snapshot.decisions);
-  renderTree(snapshot.tree);
+  if (snapshot.tree) renderTree(snapshot.tree);
+  if (snapshot.items) renderLog(snapshot);
+  else renderDecisions(snapshot.decisions);
   tick();
 }
 
@@ -192,7 +195,8 @@ function sessionNode(session) {
   if (session.orphan) facts.push("parent " + session.parent + " not listed");
   const item = el("li", { class: "session", "data-session": session.id,
                           "data-state": session.state || "" },
-    el("code", null, session.id), " ", el("span", { class: "facts" }, facts.join(" · ")));
+    el("a", { href: "/console/session?id=" + encodeURIComponent(session.id) },
+       el("code", null, session.id)), " ", el("span", { class: "facts" }, facts.join(" · ")));
   if (session.children.length) {
     item.append(el("ul", { class: "children" }, ...session.children.map(sessionNode)));
   }
@@ -213,6 +217,30 @@ function renderTree(tree) {
     " (acp-bridge status lists them all)" : "";
 }
 
+function logItem(item) {
+  if (item.kind === "tool") {
+    const li = el("li", { class: "tool", "data-kind": "tool", "data-tool": item.id,
+                          "data-status": item.status || "" },
+      el("div", { class: "top" }, el("strong", null, item.title || "(tool call)"),
+         item.toolKind ? el("span", { class: "kind" }, item.toolKind) : null,
+         el("span", { class: "facts" }, item.status || "")));
+    for (const diff of item.diffs) li.append(...diffBlock(diff));
+    return li;
+  }
+  if (item.kind === "plan") {
+    return el("li", { class: "plan", "data-kind": "plan" }, el("strong", null, "Plan"),
+      el("ul", null, ...item.entries.map((e) => el("li", { "data-status": e.status || "" },
+        "[" + (e.status || "?") + "] " + e.content))));
+  }
+  return el("li", { class: "message " + item.kind, "data-kind": item.kind },
+    el("span", { class: "who" }, item.kind), el("div", { class: "text" }, item.text));
+}
+
+function renderLog(snapshot) {
+  document.getElementById("log").replaceChildren(...snapshot.items.map(logItem));
+  document.getElementById("log-cut").hidden = !snapshot.cut;
+}
+
 function tick() {
   const now = Date.now();
   for (const entry of cards.values()) {
@@ -223,11 +251,19 @@ function tick() {
 }
 
 function connect() {
-  const events = new EventSource("/console/events");
+  const url = followed ? "/console/session/events?id=" + encodeURIComponent(followed)
+                       : "/console/events";
+  const events = new EventSource(url);
   events.onopen = () => setStatus("live", "live");
   events.onmessage = (message) => {
+    const snapshot = JSON.parse(message.data);
+    if (snapshot.type === "gone") {
+      events.close();
+      setStatus("denied", "session gone (ended, or not on this bridge)");
+      return;
+    }
     setStatus("live", "live");
-    render(JSON.parse(message.data));
+    render(snapshot);
   };
   events.onerror = () => {
     if (events.readyState === EventSource.CLOSED) {

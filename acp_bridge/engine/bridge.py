@@ -183,6 +183,27 @@ class Bridge:
         """Everything ``acp-bridge status`` and ``/metrics`` show (see ``engine.status``)."""
         return status_report.status(self.hub, self.approvals, self.reverse)
 
+    def tree(self) -> JsonObject:
+        """The agents and their sessions, for the console's session tree (``engine.status``)."""
+        return status_report.tree(self.hub)
+
+    def session_log(
+        self, bridge_id: str, entries: bool = True
+    ) -> tuple[list[tuple[int, bytes]], bool, int] | None:
+        """A session's history (numbered lines, whether complete, its last number; without
+        the lines when not ``entries``); None when there is no such session (the console's
+        session page)."""
+        session = self.hub.sessions.get(bridge_id)
+        if session is None:
+            return None
+        history = session.history
+        if history is None:
+            return [], True, 0
+        if not entries:
+            return [], True, history.last_seq
+        lines, complete = history.after(0)
+        return lines, complete, history.last_seq
+
     def health(self) -> tuple[bool, JsonObject]:
         """Whether the default agent can serve now, and every agent's state (for /healthz)."""
         return status_report.health(self.hub)

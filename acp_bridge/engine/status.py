@@ -43,21 +43,7 @@ def status(hub: Hub, approvals: Approvals, reverse: Reverse) -> JsonObject:
         }
         for a in hub.agents.values()
     ]
-    sessions = [
-        {
-            "sessionId": s.bridge_id,
-            "agent": s.agent,
-            "state": s.state.value,
-            # a sub-agent's: the session that spawned it (the tree: docs/subagents.md)
-            "parent": s.parent,
-            "connection": s.client.name if s.client is not None else None,
-            # connections that follow it without owning it (_meta.acp_bridge.watch)
-            "watchers": len(s.watchers) if s.watchers is not None else 0,
-            "pendingApprovals": len(s.pending_permissions) + len(s.parked),
-            "historyLastSeq": s.history.last_seq if s.history is not None else 0,
-        }
-        for s in hub.sessions
-    ]
+    sessions = session_rows(hub)
     clients = [
         {
             "name": c.name,
@@ -77,6 +63,31 @@ def status(hub: Hub, approvals: Approvals, reverse: Reverse) -> JsonObject:
         "journal": hub.journal.statistics() if hub.journal is not None else None,
         "memory": memory(hub),
     }
+
+
+def session_rows(hub: Hub) -> list[JsonObject]:
+    """One row per session: its agent, state, parent, owner connection, watchers..."""
+    return [
+        {
+            "sessionId": s.bridge_id,
+            "agent": s.agent,
+            "state": s.state.value,
+            # a sub-agent's: the session that spawned it (the tree: docs/subagents.md)
+            "parent": s.parent,
+            "connection": s.client.name if s.client is not None else None,
+            # connections that follow it without owning it (_meta.acp_bridge.watch)
+            "watchers": len(s.watchers) if s.watchers is not None else 0,
+            "pendingApprovals": len(s.pending_permissions) + len(s.parked),
+            "historyLastSeq": s.history.last_seq if s.history is not None else 0,
+        }
+        for s in hub.sessions
+    ]
+
+
+def tree(hub: Hub) -> JsonObject:
+    """What the console's session tree is made of: agents (name, state) and session rows."""
+    agents = [{"name": a.name, "state": a.state.value} for a in hub.agents.values()]
+    return {"agents": agents, "sessions": session_rows(hub)}
 
 
 def memory(hub: Hub) -> JsonObject:
@@ -99,4 +110,4 @@ def health(hub: Hub) -> tuple[bool, JsonObject]:
     return ok, {"ok": ok, "defaultAgent": hub.default_agent, "agents": agents}
 
 
-__all__ = ["health", "memory", "status"]
+__all__ = ["health", "memory", "session_rows", "status", "tree"]

@@ -8,7 +8,8 @@ below) to one of the handlers here once it passed the console's checks (``Host``
 - ``GET /console``: the page (``acp_bridge/faces/static/index.html``, with its CSRF value), and
   ``/console/app.js``, ``/console/app.css`` (package files, no build step);
 - ``GET /console/events``: server-sent events, one ``snapshot`` of every pending request,
-  the recent settlements and the latest audit decisions, sent again at each change (bursts
+  the recent settlements, the latest audit decisions and the session tree (agents, their
+  sessions, sub-agents under their parents), sent again at each change (bursts
   coalesce) and at least every :data:`REFRESH` seconds (the countdowns, the audit list; a
   peer gone is noticed there). At most :data:`MAX_LIVE` at once (then **503**); a write the
   peer does not take within ``ping_timeout`` ends the stream;
@@ -43,17 +44,22 @@ from acp_bridge.faces.console_core import (
     parse_answer,
     pending_view,
     render_page,
+    session_param,
+    session_tree,
+    session_view,
 )
 from acp_bridge.http.wire import Response, json_response, plain
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from acp_bridge.engine.approvals import Approvals, Settlement
     from acp_bridge.engine.audit import AuditLog
     from acp_bridge.faces.listener_core import ListenerPolicy
     from acp_bridge.http.server import Exchange, Handler
     from acp_bridge.sessions.table import Forwarded
 
-__all__ = ["MAX_LIVE", "REFRESH", "Console"]
+__all__ = ["MAX_LIVE", "REFRESH", "SESSION_POLL", "Console"]
 
 logger = structlog.get_logger("acp_bridge.console")
 
@@ -61,6 +67,8 @@ logger = structlog.get_logger("acp_bridge.console")
 MAX_LIVE: Final = 32
 #: Seconds between snapshots when nothing changes.
 REFRESH: Final = 5.0
+#: Seconds between two looks at a followed session's history (a session page's channel).
+SESSION_POLL: Final = 0.25
 #: Settlements remembered to tell a page (and a late click) who settled a request.
 PAGE_SETTLED_REMEMBERED: Final = 256
 #: Settlements and audit decisions sent with each snapshot.
@@ -84,6 +92,8 @@ class Console:
     Args:
         approvals: the bridge's approvals (listed, watched, answered).
         audit: the audit log (its latest decisions are shown).
+        tree: the agents and their sessions now (``Bridge.tree``: the session tree).
+        session_log: one session's history (``Bridge.session_log``: the session page).
         policy: the listener's policy (token, port).
         tls: the listener speaks TLS (the cookie is then ``Secure``).
         send_timeout: seconds a live page may take to take a write (``ping_timeout``).
@@ -93,6 +103,8 @@ class Console:
         self,
         approvals: Approvals,
         audit: AuditLog,
+        tree: Callable[[], Mapping[str, Any]],
+        session_log: Callable[[str, bool], tuple[list[tuple[int, bytes]], bool, int] | None],
         policy: ListenerPolicy,
         *,
         tls: bool,
@@ -100,6 +112,8 @@ class Console:
     ) -> None:
         self._approvals = approvals
         self._audit = audit
+        self._tree = tree
+        self._session_log = session_log
         self.keys = ConsoleKeys.build(policy.token, port=policy.port, tls=tls)
         self._send_timeout = send_timeout
         self._changed = trio.Event()
@@ -107,6 +121,7 @@ class Console:
         self._settled: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self.live = 0
         self._page_template = _asset("index.html")
+        self._session_template = _asset("session.html")
         self._assets = {name: _asset(name).encode() for name in _CONTENT_TYPES}
         approvals.desk.changed.subscribe(self._on_change)
 
@@ -130,7 +145,8 @@ class Console:
     # ------------------------------------------------------------------ what is shown
 
     def snapshot(self) -> dict[str, Any]:
-        """Every pending request, the recent settlements and the latest audit decisions."""
+        """Every pending request, the recent settlements, the latest audit decisions and the
+        session tree (at most ``MAX_TREE_SESSIONS`` sessions listed)."""
         now = trio.current_time()
         pending = []
         for entry in self._approvals.desk.waiting():
@@ -153,11 +169,13 @@ class Console:
                 )
             )
         recent = list(self._audit.recent)[-SHOWN_DECISIONS:]
+        tree = self._tree()
         return {
             "type": "snapshot",
             "pending": pending,
             "settled": list(self._settled.values())[-SHOWN_SETTLED:],
             "decisions": [decision_view(r) for r in reversed(recent)],
+            "tree": session_tree(list(tree["agents"]), list(tree["sessions"])),
         }
 
     # ------------------------------------------------------------------ requests
@@ -169,6 +187,8 @@ class Console:
             "console.asset": self._asset,
             "console.events": self._events,
             "console.answer": self._answer,
+            "console.session": self._session_page,
+            "console.session_events": self._session_events,
         }
 
     async def _page(self, exchange: Exchange) -> Response:
@@ -179,6 +199,32 @@ class Console:
         assert isinstance(exchange.principal, str)  # (the session's nonce)
         csrf = self.keys.mint_csrf(exchange.principal, nonce=os.urandom(18))
         return _response(200, render_page(self._page_template, csrf), "text/html; charset=utf-8")
+
+    async def _session_page(self, exchange: Exchange) -> Response:
+        assert isinstance(exchange.principal, str)  # (the session's nonce)
+        session = session_param(exchange.head.query)
+        if session is None:
+            return plain(400, "bad request: /console/session?id=SESSION", SECURITY_HEADERS)
+        csrf = self.keys.mint_csrf(exchange.principal, nonce=os.urandom(18))
+        page = render_page(self._session_template, csrf, session)
+        return _response(200, page, "text/html; charset=utf-8")
+
+    def session_snapshot(self, session_id: str) -> dict[str, Any] | None:
+        """One session's page: its history shaped, its pending requests, the settlements;
+        None when the session is gone."""
+        log = self._session_log(session_id, True)
+        if log is None:
+            return None
+        entries, complete, _ = log
+        snapshot = self.snapshot()
+        return {
+            "type": "snapshot",
+            "session": session_id,
+            **session_view(entries, complete=complete),
+            "pending": [p for p in snapshot["pending"] if p["session"]["id"] == session_id],
+            "settled": snapshot["settled"],
+            "decisions": [d for d in snapshot["decisions"] if d["session"] == session_id],
+        }
 
     async def _asset(self, exchange: Exchange) -> Response:
         name = ASSETS[exchange.head.path]
@@ -208,6 +254,18 @@ class Console:
     async def _events(self, exchange: Exchange) -> Response | None:
         """One live channel, until the peer goes or stops reading (a write it does not take
         within ``send_timeout`` ends it)."""
+        return await self._stream(exchange, None)
+
+    async def _session_events(self, exchange: Exchange) -> Response | None:
+        """One session page's live channel (counted in MAX_LIVE with the others): sent again
+        at each approval change and when the session's history grew (looked at every
+        SESSION_POLL seconds); ends (the page says so) when the session is gone."""
+        session = session_param(exchange.head.query)
+        if session is None:
+            return plain(400, "bad request: ?id=SESSION", SECURITY_HEADERS)
+        return await self._stream(exchange, session)
+
+    async def _stream(self, exchange: Exchange, session: str | None) -> Response | None:
         if self.live >= MAX_LIVE:
             return plain(503, "too many console pages open", (("Retry-After", "5"),))
         self.live += 1
@@ -217,16 +275,39 @@ class Console:
             events = await exchange.stream(head, send_timeout=timeout)
             while events is not None:
                 changed = self._changed
-                data = json.dumps(self.snapshot(), separators=(",", ":"))
+                if session is None:
+                    snapshot = self.snapshot()
+                else:
+                    snapshot = self.session_snapshot(session) or {
+                        "type": "gone",
+                        "session": session,
+                    }
+                data = json.dumps(snapshot, separators=(",", ":"))
                 if not await events.send(f"data: {data}\n\n".encode()):
                     if events.stalled:
                         logger.info("console_live_stalled")
                     return None
+                if snapshot["type"] == "gone":
+                    return None
                 with trio.move_on_after(REFRESH):
-                    await changed.wait()
+                    if session is None:
+                        await changed.wait()
+                    else:
+                        await self._session_changed(session, changed)
         finally:
             self.live -= 1
         return None
+
+    async def _session_changed(self, session: str, changed: trio.Event) -> None:
+        """Until an approval changed, the session's history grew, or the session is gone."""
+        log = self._session_log(session, False)
+        seen = log[2] if log is not None else -1
+        while not changed.is_set():
+            with trio.move_on_after(SESSION_POLL):
+                await changed.wait()
+            log = self._session_log(session, False)
+            if (log[2] if log is not None else -1) != seen:
+                return
 
 
 def _response(

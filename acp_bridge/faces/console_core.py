@@ -21,8 +21,8 @@ default), plus what a browser needs (:func:`console_routes`):
 - A **Content-Security-Policy** with no inline script (:data:`CSP`), and the headers that keep
   the page out of frames and its address out of referrers.
 
-Then :func:`pending_view` and :func:`decision_view` shape what the page shows (bounded:
-:data:`MAX_DIFF_LINES`, :data:`MAX_TEXT`).
+Then :func:`pending_view`, :func:`decision_view` and :func:`session_tree` shape what the page
+shows (bounded: :data:`MAX_DIFF_LINES`, :data:`MAX_TEXT`, :data:`MAX_TREE_SESSIONS`).
 
 Pure: no trio, no socket, no clock (the caller passes ``now`` and random bytes).
 """
@@ -33,6 +33,7 @@ import base64
 import difflib
 import hashlib
 import hmac
+import html
 import http.cookies
 import json
 import urllib.parse
@@ -53,6 +54,7 @@ __all__ = [
     "ANSWER_MAX_BYTES",
     "CSP",
     "MAX_DIFF_LINES",
+    "MAX_TREE_SESSIONS",
     "SECURITY_HEADERS",
     "SESSION_TTL",
     "ConsoleKeys",
@@ -64,6 +66,8 @@ __all__ = [
     "parse_answer",
     "pending_view",
     "render_page",
+    "session_tree",
+    "session_view",
 ]
 
 #: Seconds a console session (its cookie) lasts; then the login link is needed again.
@@ -73,12 +77,20 @@ MAX_DIFF_LINES: Final = 400
 #: Characters of one side of a diff (or a command) considered; longer texts are cut first
 #: (difflib's cost grows with the square of the lines in the worst case).
 MAX_TEXT: Final = 64 * 1024
+#: Sessions the session tree lists at most (the rest are counted, not listed).
+MAX_TREE_SESSIONS: Final = 200
+#: Items (messages, tool calls, plans) a session page shows at most: the latest ones.
+MAX_SESSION_ITEMS: Final = 300
 #: The largest answer body read (an id and an option id).
 ANSWER_MAX_BYTES: Final = 4096
 #: Paths of the console, and the file each asset is.
 ROOT: Final = "/console"
 ASSETS: Final = {"/console/app.js": "app.js", "/console/app.css": "app.css"}
+#: The longest session id a session page accepts.
+MAX_SESSION_ID: Final = 1024
 EVENTS: Final = "/console/events"
+SESSION: Final = "/console/session"
+SESSION_EVENTS: Final = "/console/session/events"
 ANSWER: Final = "/console/answer"
 CSRF_HEADER: Final = "x-console-csrf"
 
@@ -231,6 +243,16 @@ def console_routes(
             origin=origin,
             credential=ConsoleSession(keys, token),
         ),
+        SESSION: Route(
+            {"GET": handlers["console.session"]},
+            origin=origin,
+            credential=ConsoleSession(keys, token),
+        ),
+        SESSION_EVENTS: Route(
+            {"GET": handlers["console.session_events"]},
+            origin=origin,
+            credential=ConsoleSession(keys, token),
+        ),
         ANSWER: Route(
             {"POST": handlers["console.answer"]},
             origin=origin,
@@ -255,9 +277,19 @@ def _cookie(head: RequestHead, name: str) -> str | None:
     return found
 
 
-def render_page(template: str, csrf: str) -> bytes:
-    """The page with its CSRF value in a ``<meta>`` tag (read by the script: no inline code)."""
-    return template.replace("{{csrf}}", csrf).encode()
+def render_page(template: str, csrf: str, session: str = "") -> bytes:
+    """The page with its CSRF value (and the session a session page follows, escaped) in
+    ``<meta>`` tags (read by the script: no inline code)."""
+    page = template.replace("{{session}}", html.escape(session, quote=True))
+    return page.replace("{{csrf}}", csrf).encode()
+
+
+def session_param(query: str) -> str | None:
+    """The ``id`` of a session page's query (one, non-empty, at most MAX_SESSION_ID)."""
+    ids = urllib.parse.parse_qs(query, keep_blank_values=True).get("id", [])
+    if len(ids) == 1 and 0 < len(ids[0]) <= MAX_SESSION_ID and ids[0].isprintable():
+        return ids[0]
+    return None
 
 
 def parse_answer(body: bytes) -> tuple[str, str] | None:
@@ -389,3 +421,155 @@ def decision_view(record: AuditRecord) -> dict[str, Any]:
         "source": record.source,
         "connection": record.connection,
     }
+
+
+def session_tree(
+    agents: list[Mapping[str, Any]],
+    sessions: list[Mapping[str, Any]],
+    *,
+    limit: int = MAX_TREE_SESSIONS,
+) -> dict[str, Any]:
+    """
+    The session tree the page shows beside the approvals, from the status snapshot's
+    ``agents`` and ``sessions`` rows: each agent with its top-level sessions, each session
+    with its sub-agents' sessions (``children``) under it, its owner ``connection``, its
+    ``watchers`` count, its ``state`` and its pending approvals.
+
+    At most ``limit`` sessions are listed (the status order, which is the table's: oldest
+    first, a parent before its children); ``omitted`` counts the rest. A session whose parent
+    is not listed (ended, or past the limit) is shown at its agent's top level, marked
+    ``orphan``.
+    """
+    listed = sessions[:limit]
+    nodes: dict[str, dict[str, Any]] = {}
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for row in listed:
+        sid = row.get("sessionId")
+        if not isinstance(sid, str) or sid in nodes:
+            continue
+        parent = row.get("parent")
+        node: dict[str, Any] = {
+            "id": sid,
+            "agent": row.get("agent"),
+            "state": row.get("state"),
+            "connection": row.get("connection"),
+            "watchers": row.get("watchers") or 0,
+            "pending": row.get("pendingApprovals") or 0,
+            "parent": parent,
+            "orphan": False,
+            "children": [],
+        }
+        nodes[sid] = node
+        # only under a parent listed before it: no cycle can hide a session
+        if isinstance(parent, str) and parent in nodes and parent != sid:
+            nodes[parent]["children"].append(node)
+        else:
+            node["orphan"] = parent is not None
+            by_agent.setdefault(str(node["agent"]), []).append(node)
+    tree = [
+        {
+            "name": a.get("name"),
+            "state": a.get("state"),
+            "sessions": by_agent.pop(str(a.get("name")), []),
+        }
+        for a in agents
+    ]
+    # sessions of agents the snapshot does not list (gone since): under their own names
+    tree.extend({"name": name, "state": None, "sessions": rows} for name, rows in by_agent.items())
+    return {
+        "agents": tree,
+        "total": len(sessions),
+        "omitted": max(0, len(sessions) - len(listed)),
+    }
+
+
+_MESSAGES: Final = {
+    "user_message_chunk": "user",
+    "agent_message_chunk": "agent",
+    "agent_thought_chunk": "thought",
+}
+
+
+def _content_text(content: object) -> str:
+    item = _map(content)
+    if item.get("type") == "text":
+        return _text(item.get("text")) or ""
+    kind = item.get("type")
+    return f"[{kind}]" if isinstance(kind, str) else ""
+
+
+def _tool_diffs(content: object) -> list[dict[str, Any]]:
+    diffs = []
+    for item in content if isinstance(content, list) else []:
+        if isinstance(item, dict) and item.get("type") == "diff":
+            path = item.get("path")
+            if isinstance(path, str):
+                lines, cut = diff_lines(
+                    _text(item.get("oldText")), _text(item.get("newText")) or ""
+                )
+                diffs.append({"path": path, "lines": lines, "truncated": cut})
+    return diffs
+
+
+def session_view(
+    entries: list[tuple[int, bytes]], *, complete: bool, limit: int = MAX_SESSION_ITEMS
+) -> dict[str, Any]:
+    """
+    A session's history (its relayed ``session/update`` lines, numbered) as the session page
+    shows it: messages (``user``, ``agent``, ``thought``; consecutive chunks joined), tool
+    calls (their later updates folded in: status, diffs) and plans (consecutive ones: the
+    latest). The latest ``limit`` items; ``cut`` when older ones are left out, by the limit
+    or because the history no longer holds them (``complete`` False).
+    """
+    items: list[dict[str, Any]] = []
+    tools: dict[str, dict[str, Any]] = {}
+    for seq, line in entries:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        update = _map(_map(_map(message).get("params")).get("update"))
+        kind = update.get("sessionUpdate")
+        last = items[-1] if items else None
+        if kind in _MESSAGES:
+            role = _MESSAGES[kind]
+            text = _content_text(update.get("content"))
+            if last is not None and last["kind"] == role:
+                last["text"] = (last["text"] + text)[:MAX_TEXT]
+                last["seq"] = seq
+            else:
+                items.append({"kind": role, "seq": seq, "text": text})
+        elif kind in ("tool_call", "tool_call_update"):
+            call_id = _text(update.get("toolCallId")) or ""
+            tool = tools.get(call_id)
+            if tool is None:
+                tool = {
+                    "kind": "tool",
+                    "seq": seq,
+                    "id": call_id,
+                    "title": None,
+                    "toolKind": None,
+                    "status": None,
+                    "diffs": [],
+                }
+                tools[call_id] = tool
+                items.append(tool)
+            for key, field in (("title", "title"), ("toolKind", "kind"), ("status", "status")):
+                if isinstance(update.get(field), str):
+                    tool[key] = _text(update[field])
+            diffs = _tool_diffs(update.get("content"))
+            if diffs:
+                tool["diffs"] = diffs
+        elif kind == "plan":
+            entries_ = [
+                {"content": _text(e.get("content")) or "", "status": e.get("status")}
+                for e in update.get("entries") or []
+                if isinstance(e, dict)
+            ]
+            plan = {"kind": "plan", "seq": seq, "entries": entries_[:MAX_DIFF_LINES]}
+            if last is not None and last["kind"] == "plan":
+                items[-1] = plan
+            else:
+                items.append(plan)
+    shown = items[-limit:]
+    return {"items": shown, "cut": len(shown) < len(items) or not complete}

@@ -82,6 +82,8 @@ HANDLERS: Final = (
     "console.page",
     "console.events",
     "console.answer",
+    "console.session",
+    "console.session_events",
     "console.asset",
 )
 

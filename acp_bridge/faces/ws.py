@@ -193,6 +193,8 @@ class WebSocketFace:
         self.console = Console(
             bridge.approvals,
             bridge.hub.audit,
+            bridge.tree,
+            bridge.session_log,
             self.policy,
             tls=tls,
             send_timeout=settings.ping_timeout,

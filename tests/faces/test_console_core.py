@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from acp_bridge.config.model import WebSocketConfig
@@ -14,6 +16,10 @@ from acp_bridge.faces.console_core import (
     diff_lines,
     parse_answer,
     pending_view,
+    render_page,
+    session_param,
+    session_tree,
+    session_view,
 )
 from acp_bridge.faces.listener_core import HANDLERS, ListenerPolicy, listener_site
 from acp_bridge.http.wire import Admitted, RequestHead, Response, plain
@@ -263,3 +269,120 @@ def test_a_session_title_follows_session_info_updates(title):
     track_setup(session, {"sessionUpdate": "session_info_update", "title": title})
     assert session.title == title
     assert session.setup == {}
+
+
+def _row(sid: str, agent: str = "demo", parent: str | None = None, **extra) -> dict:
+    return {
+        "sessionId": sid,
+        "agent": agent,
+        "state": "active",
+        "parent": parent,
+        "connection": "ws:1",
+        "watchers": 0,
+        "pendingApprovals": 0,
+        **extra,
+    }
+
+
+def test_the_session_tree_puts_sub_agents_under_their_parents():
+    agents = [{"name": "demo", "state": "ready"}, {"name": "other", "state": "down"}]
+    rows = [
+        _row("a", watchers=2, pendingApprovals=1),
+        _row("b", agent="other", connection=None),
+        _row("a1", parent="a"),
+        _row("a1x", parent="a1"),
+    ]
+    tree = session_tree(agents, rows)
+    assert (tree["total"], tree["omitted"]) == (4, 0)
+    demo, other = tree["agents"]
+    assert (demo["name"], demo["state"]) == ("demo", "ready")
+    [a] = demo["sessions"]
+    assert (a["id"], a["watchers"], a["pending"], a["connection"]) == ("a", 2, 1, "ws:1")
+    assert [c["id"] for c in a["children"]] == ["a1"]
+    assert [c["id"] for c in a["children"][0]["children"]] == ["a1x"]
+    assert [s["id"] for s in other["sessions"]] == ["b"]
+    assert other["sessions"][0]["connection"] is None
+
+
+def test_the_session_tree_is_bounded_and_shows_orphans_and_gone_agents():
+    rows = [_row(f"s{i}") for i in range(5)]
+    tree = session_tree([{"name": "demo", "state": "ready"}], rows, limit=3)
+    assert [s["id"] for s in tree["agents"][0]["sessions"]] == ["s0", "s1", "s2"]
+    assert (tree["total"], tree["omitted"]) == (5, 2)
+    # a parent not listed (or listed after: no cycle hides a session): at the top, an orphan
+    tree = session_tree(
+        [], [_row("x", parent="y", agent="gone"), _row("y", parent="x", agent="gone")]
+    )
+    [gone] = tree["agents"]
+    assert (gone["name"], gone["state"]) == ("gone", None)
+    assert [(s["id"], s["orphan"]) for s in gone["sessions"]] == [("x", True)]
+    assert [c["id"] for c in gone["sessions"][0]["children"]] == ["y"]
+
+
+def _update(seq: int, update: dict) -> tuple[int, bytes]:
+    message = {"jsonrpc": "2.0", "method": "session/update", "params": {"update": update}}
+    return seq, json.dumps(message).encode()
+
+
+def _chunk(kind: str, text: str) -> dict:
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+def test_the_session_view_joins_chunks_and_folds_tool_call_updates():
+    diff = {"type": "diff", "path": "/p/a.txt", "oldText": None, "newText": "hi\n"}
+    entries = [
+        _update(1, _chunk("user_message_chunk", "write a.txt")),
+        _update(2, _chunk("agent_message_chunk", "Sure, ")),
+        _update(3, _chunk("agent_message_chunk", "writing.")),
+        _update(4, {"sessionUpdate": "plan", "entries": [{"content": "w", "status": "pending"}]}),
+        _update(5, {"sessionUpdate": "plan", "entries": [{"content": "w", "status": "done"}]}),
+        _update(
+            6,
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": "t1",
+                "title": "Write a.txt",
+                "kind": "edit",
+                "status": "pending",
+                "content": [diff],
+            },
+        ),
+        (7, b"not json"),
+        _update(
+            8, {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"}
+        ),
+        _update(9, _chunk("agent_message_chunk", "Wrote.")),
+    ]
+    view = session_view(entries, complete=True)
+    assert view["cut"] is False
+    kinds = [(i["kind"], i.get("text")) for i in view["items"]]
+    assert kinds == [
+        ("user", "write a.txt"),
+        ("agent", "Sure, writing."),
+        ("plan", None),
+        ("tool", None),
+        ("agent", "Wrote."),
+    ]
+    plan, tool = view["items"][2], view["items"][3]
+    assert plan["entries"] == [{"content": "w", "status": "done"}]
+    assert (tool["title"], tool["toolKind"], tool["status"]) == ("Write a.txt", "edit", "completed")
+    assert tool["diffs"][0]["lines"] == [["@", "@@ -0,0 +1 @@"], ["+", "hi"]]
+
+
+def test_the_session_view_keeps_the_latest_items_and_says_when_cut():
+    entries = [
+        _update(n, _chunk("user_message_chunk" if n % 2 else "agent_message_chunk", str(n)))
+        for n in range(1, 11)
+    ]
+    view = session_view(entries, complete=True, limit=3)
+    assert [i["text"] for i in view["items"]] == ["8", "9", "10"]
+    assert view["cut"] is True
+    assert session_view(entries[:2], complete=False)["cut"] is True  # the history trimmed some
+
+
+def test_a_session_page_escapes_its_session_id():
+    page = render_page('<meta content="{{session}}">{{csrf}}', "c", 'a"><script>')
+    assert page == b'<meta content="a&quot;&gt;&lt;script&gt;">c'
+    assert session_param("id=demo-1") == "demo-1"
+    assert session_param("id=a&id=b") is None
+    assert session_param("x=1") is None

@@ -4,6 +4,8 @@
 "use strict";
 
 const csrf = document.querySelector('meta[name="csrf-token"]').content;
+// A session page follows one session (its meta tag); the console's page, all of them.
+const followed = (document.querySelector('meta[name="console-session"]') || {}).content || "";
 const cards = new Map(); // request id -> {el, deadline (ms, this clock), settled}
 const SETTLED_KEPT_MS = 10 * 60 * 1000;
 
@@ -168,7 +170,9 @@ function render(snapshot) {
   }
   document.getElementById("count").textContent = String(snapshot.pending.length);
   document.getElementById("empty").hidden = snapshot.pending.length > 0;
-  renderDecisions(snapshot.decisions);
+  if (snapshot.tree) renderTree(snapshot.tree);
+  if (snapshot.items) renderLog(snapshot);
+  else renderDecisions(snapshot.decisions);
   tick();
 }
 
@@ -184,6 +188,59 @@ function renderDecisions(decisions) {
     el("td", null, d.connection ? d.source + " (" + d.connection + ")" : d.source))));
 }
 
+function sessionNode(session) {
+  const owner = session.connection ? "owner " + session.connection : "no owner";
+  const facts = [session.state, owner, session.watchers + " watching"];
+  if (session.pending) facts.push(session.pending + " pending");
+  if (session.orphan) facts.push("parent " + session.parent + " not listed");
+  const item = el("li", { class: "session", "data-session": session.id,
+                          "data-state": session.state || "" },
+    el("a", { href: "/console/session?id=" + encodeURIComponent(session.id) },
+       el("code", null, session.id)), " ", el("span", { class: "facts" }, facts.join(" · ")));
+  if (session.children.length) {
+    item.append(el("ul", { class: "children" }, ...session.children.map(sessionNode)));
+  }
+  return item;
+}
+
+function renderTree(tree) {
+  const list = document.getElementById("tree");
+  list.replaceChildren(...tree.agents.map((agent) => el("li", { class: "agent",
+                                                                "data-agent": agent.name },
+    el("strong", null, agent.name), " ", el("span", { class: "facts" }, agent.state || "gone"),
+    agent.sessions.length ? el("ul", null, ...agent.sessions.map(sessionNode)) : null)));
+  document.getElementById("session-count").textContent = String(tree.total);
+  document.getElementById("tree-empty").hidden = tree.agents.length > 0;
+  const omitted = document.getElementById("tree-omitted");
+  omitted.hidden = !tree.omitted;
+  omitted.textContent = tree.omitted ? "… and " + tree.omitted + " more sessions, not listed" +
+    " (acp-bridge status lists them all)" : "";
+}
+
+function logItem(item) {
+  if (item.kind === "tool") {
+    const li = el("li", { class: "tool", "data-kind": "tool", "data-tool": item.id,
+                          "data-status": item.status || "" },
+      el("div", { class: "top" }, el("strong", null, item.title || "(tool call)"),
+         item.toolKind ? el("span", { class: "kind" }, item.toolKind) : null,
+         el("span", { class: "facts" }, item.status || "")));
+    for (const diff of item.diffs) li.append(...diffBlock(diff));
+    return li;
+  }
+  if (item.kind === "plan") {
+    return el("li", { class: "plan", "data-kind": "plan" }, el("strong", null, "Plan"),
+      el("ul", null, ...item.entries.map((e) => el("li", { "data-status": e.status || "" },
+        "[" + (e.status || "?") + "] " + e.content))));
+  }
+  return el("li", { class: "message " + item.kind, "data-kind": item.kind },
+    el("span", { class: "who" }, item.kind), el("div", { class: "text" }, item.text));
+}
+
+function renderLog(snapshot) {
+  document.getElementById("log").replaceChildren(...snapshot.items.map(logItem));
+  document.getElementById("log-cut").hidden = !snapshot.cut;
+}
+
 function tick() {
   const now = Date.now();
   for (const entry of cards.values()) {
@@ -194,11 +251,19 @@ function tick() {
 }
 
 function connect() {
-  const events = new EventSource("/console/events");
+  const url = followed ? "/console/session/events?id=" + encodeURIComponent(followed)
+                       : "/console/events";
+  const events = new EventSource(url);
   events.onopen = () => setStatus("live", "live");
   events.onmessage = (message) => {
+    const snapshot = JSON.parse(message.data);
+    if (snapshot.type === "gone") {
+      events.close();
+      setStatus("denied", "session gone (ended, or not on this bridge)");
+      return;
+    }
     setStatus("live", "live");
-    render(JSON.parse(message.data));
+    render(snapshot);
   };
   events.onerror = () => {
     if (events.readyState === EventSource.CLOSED) {

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from acp_bridge.config.model import Config
     from acp_bridge.engine.audit import AuditLog
     from acp_bridge.engine.journal import Journal
-    from acp_bridge.engine.links import Tracer
     from acp_bridge.observe.redact import Redactor
+    from acp_bridge.observe.trace import WireTrace
     from acp_bridge.protocol.framing import Oversize
     from acp_bridge.protocol.jsonrpc import JsonObject
 
@@ -71,6 +71,8 @@ class Bridge:
             call is still gated on the capabilities of the client attached to the session.
         redactor: the secrets to hide in diagnostics; pass the one the logs and the trace use
             (a new one by default). The bridge adds the agents' and sessions' secrets to it.
+        tracer: sees every message crossing the bridge (``--trace``); its recent records are
+            the console's sequence view.
     """
 
     def __init__(
@@ -80,10 +82,11 @@ class Bridge:
         *,
         agent_client_capabilities: JsonObject | None = None,
         audit: AuditLog | None = None,
-        tracer: Tracer | None = None,
+        tracer: WireTrace | None = None,
         journal: Journal | None = None,
         redactor: Redactor | None = None,
     ) -> None:
+        self.trace = tracer
         self.hub = hub = Hub.build(
             config,
             fixed_client_capabilities=agent_client_capabilities,

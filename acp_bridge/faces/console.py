@@ -13,6 +13,10 @@ below) to one of the handlers here once it passed the console's checks (``Host``
   coalesce) and at least every :data:`REFRESH` seconds (the countdowns, the audit list; a
   peer gone is noticed there). At most :data:`MAX_LIVE` at once (then **503**); a write the
   peer does not take within ``ping_timeout`` ends the stream;
+- ``GET /console/session?id=ID``: a session's page (its conversation and approvals, live through
+  ``/console/session/events``);
+- ``GET /console/sequence?id=ID``: the sequence view of a session's messages (see
+  :meth:`Console.sequence_body`), drawn when asked (the page reloads itself on demand);
 - ``POST /console/answer``: ``{"id", "optionId"}`` (at most ``ANSWER_MAX_BYTES``, with a
   ``Content-Length`` or chunked: 411 without either), settled through
   :meth:`Approvals.console_answer`: **200** settled, **409** already settled (and by whom) or
@@ -24,6 +28,7 @@ Every response closes its connection, as the listener's refusals do.
 from __future__ import annotations
 
 import collections
+import functools
 import importlib.resources
 import json
 import math
@@ -44,17 +49,18 @@ from acp_bridge.faces.console_core import (
     parse_answer,
     pending_view,
     render_page,
+    sequence_source,
     session_param,
     session_tree,
     session_view,
 )
 from acp_bridge.http.wire import Response, json_response, plain
+from acp_bridge.observe.sequence import build_sequence, history_records, read_records
+from acp_bridge.observe.sequence_html import render_view, sequence_css, sequence_js
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
-    from acp_bridge.engine.approvals import Approvals, Settlement
-    from acp_bridge.engine.audit import AuditLog
+    from acp_bridge.engine.approvals import Settlement
+    from acp_bridge.engine.bridge import Bridge
     from acp_bridge.faces.listener_core import ListenerPolicy
     from acp_bridge.http.server import Exchange, Handler
     from acp_bridge.sessions.table import Forwarded
@@ -74,10 +80,14 @@ PAGE_SETTLED_REMEMBERED: Final = 256
 #: Settlements and audit decisions sent with each snapshot.
 SHOWN_SETTLED: Final = 50
 SHOWN_DECISIONS: Final = 20
+#: Entries of a session's history a sequence view draws (without a trace), the latest.
+SEQUENCE_HISTORY: Final = 2000
 
 _CONTENT_TYPES: Final = {
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
+    "sequence.js": "text/javascript; charset=utf-8",
+    "sequence.css": "text/css; charset=utf-8",
 }
 
 
@@ -90,10 +100,9 @@ class Console:
     The console of one listener.
 
     Args:
-        approvals: the bridge's approvals (listed, watched, answered).
-        audit: the audit log (its latest decisions are shown).
-        tree: the agents and their sessions now (``Bridge.tree``: the session tree).
-        session_log: one session's history (``Bridge.session_log``: the session page).
+        bridge: the bridge: its approvals (listed, watched, answered), its audit log (the
+            latest decisions), its session tree, a session's history (the session page),
+            its trace's recent records (the sequence view).
         policy: the listener's policy (token, port).
         tls: the listener speaks TLS (the cookie is then ``Secure``).
         send_timeout: seconds a live page may take to take a write (``ping_timeout``).
@@ -101,19 +110,14 @@ class Console:
 
     def __init__(
         self,
-        approvals: Approvals,
-        audit: AuditLog,
-        tree: Callable[[], Mapping[str, Any]],
-        session_log: Callable[[str, bool], tuple[list[tuple[int, bytes]], bool, int] | None],
+        bridge: Bridge,
         policy: ListenerPolicy,
         *,
         tls: bool,
         send_timeout: float,
     ) -> None:
-        self._approvals = approvals
-        self._audit = audit
-        self._tree = tree
-        self._session_log = session_log
+        self._bridge = bridge
+        self._approvals = approvals = bridge.approvals
         self.keys = ConsoleKeys.build(policy.token, port=policy.port, tls=tls)
         self._send_timeout = send_timeout
         self._changed = trio.Event()
@@ -122,7 +126,10 @@ class Console:
         self.live = 0
         self._page_template = _asset("index.html")
         self._session_template = _asset("session.html")
-        self._assets = {name: _asset(name).encode() for name in _CONTENT_TYPES}
+        self._sequence_template = _asset("sequence.html")
+        self._assets = {name: _asset(name).encode() for name in ("app.js", "app.css")}
+        self._assets["sequence.js"] = sequence_js().encode()
+        self._assets["sequence.css"] = sequence_css().encode()
         approvals.desk.changed.subscribe(self._on_change)
 
     def _on_change(self, entry: Forwarded, settlement: Settlement | None) -> None:
@@ -168,8 +175,8 @@ class Console:
                     note=ask.note,
                 )
             )
-        recent = list(self._audit.recent)[-SHOWN_DECISIONS:]
-        tree = self._tree()
+        recent = list(self._bridge.hub.audit.recent)[-SHOWN_DECISIONS:]
+        tree = self._bridge.tree()
         return {
             "type": "snapshot",
             "pending": pending,
@@ -189,6 +196,7 @@ class Console:
             "console.answer": self._answer,
             "console.session": self._session_page,
             "console.session_events": self._session_events,
+            "console.sequence": self._sequence_page,
         }
 
     async def _page(self, exchange: Exchange) -> Response:
@@ -212,7 +220,7 @@ class Console:
     def session_snapshot(self, session_id: str) -> dict[str, Any] | None:
         """One session's page: its history shaped, its pending requests, the settlements;
         None when the session is gone."""
-        log = self._session_log(session_id, True)
+        log = self._bridge.session_log(session_id, True)
         if log is None:
             return None
         entries, complete, _ = log
@@ -225,6 +233,43 @@ class Console:
             "settled": snapshot["settled"],
             "decisions": [d for d in snapshot["decisions"] if d["session"] == session_id],
         }
+
+    async def _sequence_page(self, exchange: Exchange) -> Response:
+        session = session_param(exchange.head.query)
+        if session is None:
+            return plain(400, "bad request: /console/sequence?id=SESSION", SECURITY_HEADERS)
+        body = await self.sequence_body(session)
+        if body is None:
+            return plain(404, f"no session {session!r} here", SECURITY_HEADERS)
+        source, view = body
+        page = render_page(self._sequence_template, "", session, source=source, view=view)
+        return _response(200, page, "text/html; charset=utf-8")
+
+    async def sequence_body(self, session: str) -> tuple[str, str] | None:
+        """
+        The sequence view of a session (what its page says of the source, the view's HTML):
+        from the trace's recent records when the bridge traces (``--trace``: every message
+        both ways, with times; at most ``RECENT_RECORDS`` of all sessions'), else from the
+        session's history (what the bridge relayed to its clients, the latest
+        :data:`SEQUENCE_HISTORY` entries). None: not traced, and no such session.
+
+        Drawn in a worker thread: parsing and drawing thousands of messages takes a while.
+        """
+        trace = self._bridge.trace
+        if trace is not None:
+            lines = trace.recent()
+            source = sequence_source(traced=True, kept=len(lines), cut=False)
+            draw = functools.partial(_draw_trace, lines, session)
+        else:
+            log = self._bridge.session_log(session, True)
+            if log is None:
+                return None
+            entries, complete, _ = log
+            cut = not complete or len(entries) > SEQUENCE_HISTORY
+            entries = entries[-SEQUENCE_HISTORY:]
+            source = sequence_source(traced=False, kept=len(entries), cut=cut)
+            draw = functools.partial(_draw_history, entries, session)
+        return source, await trio.to_thread.run_sync(draw)
 
     async def _asset(self, exchange: Exchange) -> Response:
         name = ASSETS[exchange.head.path]
@@ -300,14 +345,24 @@ class Console:
 
     async def _session_changed(self, session: str, changed: trio.Event) -> None:
         """Until an approval changed, the session's history grew, or the session is gone."""
-        log = self._session_log(session, False)
+        log = self._bridge.session_log(session, False)
         seen = log[2] if log is not None else -1
         while not changed.is_set():
             with trio.move_on_after(SESSION_POLL):
                 await changed.wait()
-            log = self._session_log(session, False)
+            log = self._bridge.session_log(session, False)
             if (log[2] if log is not None else -1) != seen:
                 return
+
+
+def _draw_trace(lines: list[bytes], session: str) -> str:
+    records = read_records(line.decode("utf-8", "replace") for line in lines)
+    return render_view(build_sequence(records, session=session, limit=None))
+
+
+def _draw_history(entries: list[tuple[int, bytes]], session: str) -> str:
+    view = build_sequence(history_records(entries), session=session, limit=None)
+    return render_view(view, times=False)
 
 
 def _response(

@@ -36,6 +36,7 @@ import hmac
 import html
 import http.cookies
 import json
+import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -85,12 +86,18 @@ MAX_SESSION_ITEMS: Final = 300
 ANSWER_MAX_BYTES: Final = 4096
 #: Paths of the console, and the file each asset is.
 ROOT: Final = "/console"
-ASSETS: Final = {"/console/app.js": "app.js", "/console/app.css": "app.css"}
+ASSETS: Final = {
+    "/console/app.js": "app.js",
+    "/console/app.css": "app.css",
+    "/console/sequence.js": "sequence.js",
+    "/console/sequence.css": "sequence.css",
+}
 #: The longest session id a session page accepts.
 MAX_SESSION_ID: Final = 1024
 EVENTS: Final = "/console/events"
 SESSION: Final = "/console/session"
 SESSION_EVENTS: Final = "/console/session/events"
+SEQUENCE: Final = "/console/sequence"
 ANSWER: Final = "/console/answer"
 CSRF_HEADER: Final = "x-console-csrf"
 
@@ -253,6 +260,11 @@ def console_routes(
             origin=origin,
             credential=ConsoleSession(keys, token),
         ),
+        SEQUENCE: Route(
+            {"GET": handlers["console.sequence"]},
+            origin=origin,
+            credential=ConsoleSession(keys, token),
+        ),
         ANSWER: Route(
             {"POST": handlers["console.answer"]},
             origin=origin,
@@ -277,11 +289,38 @@ def _cookie(head: RequestHead, name: str) -> str | None:
     return found
 
 
-def render_page(template: str, csrf: str, session: str = "") -> bytes:
-    """The page with its CSRF value (and the session a session page follows, escaped) in
-    ``<meta>`` tags (read by the script: no inline code)."""
-    page = template.replace("{{session}}", html.escape(session, quote=True))
-    return page.replace("{{csrf}}", csrf).encode()
+def render_page(template: str, csrf: str, session: str = "", **parts: str) -> bytes:
+    """
+    The page with its CSRF value (and the session a session page follows, escaped) in
+    ``<meta>`` tags (read by the script: no inline code). ``{{session_q}}`` is the session
+    for a query string; ``parts`` are HTML, already escaped, for ``{{NAME}}``. One pass: what
+    is put in is never taken for a placeholder.
+    """
+    values = {
+        "csrf": csrf,
+        "session": html.escape(session, quote=True),
+        "session_q": html.escape(urllib.parse.quote(session, safe=""), quote=True),
+        **parts,
+    }
+    return _PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template).encode()
+
+
+_PLACEHOLDER: Final = re.compile(r"\{\{([a-z_]+)\}\}")
+
+
+def sequence_source(*, traced: bool, kept: int, cut: bool) -> str:
+    """What a sequence view's page says of where its messages come from (HTML)."""
+    if traced:
+        return html.escape(
+            f"From the wire trace: every message both ways, with times, among the latest "
+            f"{kept:,} the bridge traced (of all sessions; the trace file has them all)."
+        )
+    older = " Older entries are left out." if cut else ""
+    return html.escape(
+        f"From the session's history ({kept:,} entries): what the bridge sends its clients "
+        "(the agent's updates, the user's prompts), as a replay sends them, without times. "
+        f"Run the daemon with --trace FILE to see every message both ways.{older}"
+    )
 
 
 def session_param(query: str) -> str | None:

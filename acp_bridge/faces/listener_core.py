@@ -84,6 +84,7 @@ HANDLERS: Final = (
     "console.answer",
     "console.session",
     "console.session_events",
+    "console.sequence",
     "console.asset",
 )
 

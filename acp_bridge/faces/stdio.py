@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from acp_bridge.agents.prespawn import Prespawned
     from acp_bridge.agents.process import Launcher
     from acp_bridge.config.model import Config
-    from acp_bridge.engine.links import Tracer
     from acp_bridge.faces.early import Handover
+    from acp_bridge.observe.trace import WireTrace
     from acp_bridge.protocol.jsonrpc import JsonObject
 
 logger = structlog.get_logger("acp_bridge.stdio")
@@ -46,7 +46,7 @@ async def with_bridge(
     *,
     launcher: Launcher | None = None,
     agent_client_capabilities: JsonObject | None = None,
-    tracer: Tracer | None = None,
+    tracer: WireTrace | None = None,
     redactor: Redactor | None = None,
     adopt: Prespawned | None = None,
 ) -> None:

@@ -191,10 +191,7 @@ class WebSocketFace:
         )
         #: the approval console on this listener
         self.console = Console(
-            bridge.approvals,
-            bridge.hub.audit,
-            bridge.tree,
-            bridge.session_log,
+            bridge,
             self.policy,
             tls=tls,
             send_timeout=settings.ping_timeout,

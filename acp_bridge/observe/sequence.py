@@ -39,12 +39,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_LIMIT",
+    "HISTORY_LINK",
     "MAX_LANES",
     "Arrow",
     "Gap",
     "Lane",
     "SequenceView",
     "build_sequence",
+    "history_records",
     "read_records",
 ]
 
@@ -181,6 +183,25 @@ def read_records(lines: Iterable[str]) -> Iterator[object]:
                 yield json.loads(line)
             except (ValueError, RecursionError):
                 yield line
+
+
+#: The link of a session's history drawn as a sequence (what the bridge sends its clients).
+HISTORY_LINK: Final = "client:its clients"
+
+
+def history_records(entries: Iterable[tuple[int, bytes]]) -> Iterator[object]:
+    """
+    A session's history (numbered JSON lines: what the bridge relayed, and the user's prompts
+    as ``user_message_chunk`` updates) as trace records: each one a message from the bridge
+    to the session's clients, as a replay sends it. The history keeps no times: every record
+    is at ``t`` 0.
+    """
+    for _seq, line in entries:
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):
+            msg = {"raw": line.decode("utf-8", "replace").rstrip("\r\n")}
+        yield {"t": 0.0, "link": HISTORY_LINK, "dir": "out", "msg": msg}
 
 
 def build_sequence(

@@ -86,6 +86,7 @@ def render_sequence_body(
     limit: int | None = DEFAULT_LIMIT,
     more: str = "",
     anchor: str = "m",
+    times: bool = True,
 ) -> str:
     """
     The sequence view of trace records, as an HTML fragment (see :func:`render_view`).
@@ -96,18 +97,21 @@ def render_sequence_body(
         limit: the first this many messages (None: all).
         more: what the note on messages left out adds (how to see them).
         anchor: prefix of the messages' element ids (``m12``: the 12th record).
+        times: show the records' times (False: they have none, ``history_records``).
     """
     view = build_sequence(records, session=session, limit=limit)
-    return render_view(view, more=more, anchor=anchor)
+    return render_view(view, more=more, anchor=anchor, times=times)
 
 
-def render_view(view: SequenceView, *, more: str = "", anchor: str = "m") -> str:
+def render_view(
+    view: SequenceView, *, more: str = "", anchor: str = "m", times: bool = True
+) -> str:
     """A view as an HTML fragment: its notes, its lanes' header, one row per message."""
     if not _ANCHOR.fullmatch(anchor):
         raise ValueError(f"not an id prefix: {anchor!r}")
     out = [
         f'<section class="acp-seq lanes-{len(view.lanes)}" aria-label="ACP messages in sequence">',
-        *_head(view, more),
+        *_head(view, more, times),
         '<div class="row lane-head" aria-hidden="true"><span class="n">#</span>'
         '<span class="t">time</span><div class="dia">',
     ]
@@ -122,12 +126,12 @@ def render_view(view: SequenceView, *, more: str = "", anchor: str = "m") -> str
         if isinstance(item, Gap):
             out.append(_gap(item, anchor))
         else:
-            out.append(_row(view, item, sessions, anchor))
+            out.append(_row(view, item, sessions, anchor, times))
     out.append("</ol>\n</section>\n")
     return "".join(out)
 
 
-def _head(view: SequenceView, more: str) -> list[str]:
+def _head(view: SequenceView, more: str, times: bool) -> list[str]:
     arrows = view.arrows
     of_session = f" of session {view.session}" if view.session is not None else ""
     if not arrows:
@@ -136,13 +140,15 @@ def _head(view: SequenceView, more: str) -> list[str]:
         links = {a.link for a in arrows}
         clients = sum(not link.startswith("agent:") for link in links)
         agents = len(links) - clients
-        start = datetime.datetime.fromtimestamp(view.start or 0, datetime.UTC)
-        last = view.items[-1].t
         stats = (
             f"{_count(view.messages, 'message')}{of_session} · "
             f"{_count(len(view.sessions), 'session')} · {_count(clients, 'client')}, "
-            f"{_count(agents, 'agent')} · from {start:%Y-%m-%d %H:%M:%S} UTC over {last:.3f} s"
+            f"{_count(agents, 'agent')}"
         )
+        if times:
+            start = datetime.datetime.fromtimestamp(view.start or 0, datetime.UTC)
+            last = view.items[-1].t
+            stats += f" · from {start:%Y-%m-%d %H:%M:%S} UTC over {last:.3f} s"
     out = ['<div class="seq-head">', f'<p class="stats">{_e(stats)}</p>']
     if view.omitted:
         shown = view.messages - view.omitted
@@ -171,7 +177,9 @@ def _head(view: SequenceView, more: str) -> list[str]:
     return out
 
 
-def _row(view: SequenceView, arrow: Arrow, sessions: dict[str, int], anchor: str) -> str:
+def _row(
+    view: SequenceView, arrow: Arrow, sessions: dict[str, int], anchor: str, times: bool
+) -> str:
     source, target = view.ends(arrow)
     left, span = min(source, target), abs(target - source)
     way = "ltr" if target > source else "rtl"
@@ -189,7 +197,7 @@ def _row(view: SequenceView, arrow: Arrow, sessions: dict[str, int], anchor: str
     parts = [
         f"<li{attrs}>",
         f'<a class="n" href="#{anchor}{arrow.number}">{arrow.number}</a>',
-        f'<span class="t">+{arrow.t:.3f}s</span>',
+        f'<span class="t">+{arrow.t:.3f}s</span>' if times else '<span class="t"></span>',
         f'<div class="dia"><span class="arrow l{left} w{span}" title="{_e(title)}">',
         f'<span class="label">{_e(arrow.label)}</span></span></div>',
         '<div class="txt"><details><summary>',

@@ -23,6 +23,12 @@ Backpressure:
     dropped and counted. One writer task takes them in batches and formats, redacts and
     writes each batch in a worker thread, flushing after every batch.
 
+Recent records:
+    The writer keeps the latest records it wrote, as written (redacted JSON lines), at most
+    :data:`RECENT_RECORDS` records and :data:`RECENT_BYTES` bytes, the oldest let go first:
+    :meth:`WireTrace.recent` (the console's sequence view of a session). They cost the hot
+    path nothing: the writer formats every record anyway.
+
 Resource handling:
     :func:`open_wire_trace` runs the writer for the duration of its block; on the way out
     what is queued is written (shielded: at most the queue's bounds), then the file closed.
@@ -30,6 +36,7 @@ Resource handling:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -52,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_QUEUED_BYTES",
     "MAX_RECORDS",
+    "RECENT_BYTES",
+    "RECENT_RECORDS",
     "TraceStatistics",
     "WireTrace",
     "format_record",
@@ -70,6 +79,9 @@ MAX_QUEUED_BYTES: Final = 64 * 1024 * 1024
 #: A batch handed to the writer thread: at most this many records, or about this many bytes.
 BATCH_RECORDS: Final = 1024
 BATCH_BYTES: Final = 1024 * 1024
+#: Written records kept in memory for :meth:`WireTrace.recent`, at most (by count, by bytes).
+RECENT_RECORDS: Final = 4096
+RECENT_BYTES: Final = 4 * 1024 * 1024
 
 _SETUP_KEY: Final = b'"mcpServers"'
 
@@ -190,6 +202,9 @@ class WireTrace:
         self._settled = 0
         self._finished = False
         self._progress = trio.Event()
+        #: the latest records written, as written (:meth:`recent`)
+        self._recent: collections.deque[bytes] = collections.deque(maxlen=RECENT_RECORDS)
+        self._recent_bytes = 0
 
     def __call__(self, link: str, direction: str, data: bytes) -> None:
         """Queue one message; when there is no room, count it. Never blocks or raises."""
@@ -217,6 +232,21 @@ class WireTrace:
             written=self._written,
             dropped=self._dropped,
         )
+
+    def recent(self) -> list[bytes]:
+        """The latest records written (JSON lines, redacted, oldest first): at most
+        :data:`RECENT_RECORDS` of them and about :data:`RECENT_BYTES` bytes."""
+        return list(self._recent)
+
+    def _keep(self, lines: list[bytes]) -> None:
+        recent = self._recent
+        for line in lines[-RECENT_RECORDS:]:
+            if len(recent) == RECENT_RECORDS:
+                self._recent_bytes -= len(recent[0])  # (the deque lets it go on append)
+            recent.append(line)
+            self._recent_bytes += len(line)
+        while self._recent_bytes > RECENT_BYTES and len(recent) > 1:
+            self._recent_bytes -= len(recent.popleft())
 
     def close(self) -> None:
         """No more records: :meth:`run` writes what is queued, then ends."""
@@ -291,7 +321,7 @@ class WireTrace:
         try:
             # Shielded: a batch taken from the queue is written even when cancelled (or lost).
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._write_sync, batch)
+                lines = await trio.to_thread.run_sync(self._write_sync, batch)
         except OSError as exc:
             self._failed = True
             logger.error("trace_write_failed", error=str(exc))
@@ -301,6 +331,7 @@ class WireTrace:
             self._settle(len(lost))
             return False
         self._written += len(batch)
+        self._keep(lines)
         self._settle(len(batch))
         return True
 
@@ -309,10 +340,12 @@ class WireTrace:
         self._progress.set()
         self._progress = trio.Event()
 
-    def _write_sync(self, batch: list[_Record]) -> None:
+    def _write_sync(self, batch: list[_Record]) -> list[bytes]:
         redactor = self._redactor
-        self._file.write(b"".join(format_record(record, redactor) for record in batch))
+        lines = [format_record(record, redactor) for record in batch]
+        self._file.write(b"".join(lines))
         self._file.flush()
+        return lines
 
     def _learn_secrets(self, batch: list[_Record]) -> None:
         """

@@ -17,6 +17,7 @@ from acp_bridge.faces.console_core import (
     parse_answer,
     pending_view,
     render_page,
+    sequence_source,
     session_param,
     session_tree,
     session_view,
@@ -386,3 +387,21 @@ def test_a_session_page_escapes_its_session_id():
     assert session_param("id=demo-1") == "demo-1"
     assert session_param("id=a&id=b") is None
     assert session_param("x=1") is None
+
+
+def test_a_page_is_filled_in_one_pass_and_its_query_session_is_quoted():
+    template = "{{session}}|{{session_q}}|{{view}}|{{csrf}}|{{other}}"
+    page = render_page(template, "c", "a b&{{csrf}}", view="<ol>{{csrf}}</ol>")
+    # What goes in is never taken for a placeholder; an unknown one is left as it is.
+    assert page == (b"a b&amp;{{csrf}}|a%20b%26%7B%7Bcsrf%7D%7D|<ol>{{csrf}}</ol>|c|{{other}}")
+
+
+def test_the_sequence_page_says_where_its_messages_come_from():
+    traced = sequence_source(traced=True, kept=4096, cut=False)
+    assert "wire trace" in traced
+    assert "4,096" in traced
+    history = sequence_source(traced=False, kept=12, cut=True)
+    assert "history (12 entries)" in history.replace("&#x27;", "'")
+    assert "--trace FILE" in history
+    assert "Older entries are left out." in history
+    assert "left out" not in sequence_source(traced=False, kept=12, cut=False)

@@ -41,6 +41,8 @@ from tests.support.peers.sdk_client import RecordingClient
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from acp_bridge.observe.trace import WireTrace
+
 TOKEN = "test-token-" + "k" * 32
 AUTH = f"Authorization: Bearer {TOKEN}"
 AUTH_HEADERS = [(b"Authorization", f"Bearer {TOKEN}".encode())]
@@ -69,12 +71,17 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def open_server(
-    agents: dict[str, FakeAgent], *, bridge: dict[str, Any] | None = None, **ws: Any
+    agents: dict[str, FakeAgent],
+    *,
+    bridge: dict[str, Any] | None = None,
+    tracer: WireTrace | None = None,
+    **ws: Any,
 ) -> AsyncIterator[Server]:
     """A bridge over in-process fake agents, served on 127.0.0.1 at a free port."""
     config = ws_config(agents, bridge=bridge, **ws)
+    launcher = make_in_process_launcher(dict(agents))
     async with trio.open_nursery() as nursery:
-        b: Bridge = await nursery.start(Bridge(config, make_in_process_launcher(dict(agents))).run)
+        b: Bridge = await nursery.start(Bridge(config, launcher, tracer=tracer).run)
         info: ListenInfo = await nursery.start(functools.partial(serve_websocket, b, config))
         yield Server(b, info)
         nursery.cancel_scope.cancel()

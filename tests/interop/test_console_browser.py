@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import pathlib
@@ -28,6 +29,8 @@ from acp_bridge.agents.process import make_subprocess_launcher
 from acp_bridge.config.model import AgentConfig, Config, WebSocketConfig
 from acp_bridge.engine.bridge import Bridge
 from acp_bridge.faces.serve import serve_websocket
+from acp_bridge.observe.redact import Redactor
+from acp_bridge.observe.trace import open_wire_trace
 from acp_bridge.policy.rules import Policy
 from tests.support.fakes import TestClient, connect
 
@@ -92,14 +95,21 @@ class Daemon:
 
 
 @contextlib.asynccontextmanager
-async def open_daemon(*, policy: Policy | None = None) -> AsyncIterator[Daemon]:
+async def open_daemon(
+    *, policy: Policy | None = None, trace: bool = False
+) -> AsyncIterator[Daemon]:
+    """The bridge with the demo agent and its listener; ``trace``: traced (to memory)."""
     config = Config(
         agents={"demo": AgentConfig(name="demo", command=DEMO[0], args=DEMO[1:])},
         websocket=WebSocketConfig(port=0, token=TOKEN),
         policy=policy or Policy(),
     )
-    async with trio.open_nursery() as nursery:
-        bridge: Bridge = await nursery.start(Bridge(config, make_subprocess_launcher()).run)
+    async with (
+        open_wire_trace(io.BytesIO() if trace else None, redactor=Redactor()) as tracer,
+        trio.open_nursery() as nursery,
+    ):
+        launcher = make_subprocess_launcher()
+        bridge: Bridge = await nursery.start(Bridge(config, launcher, tracer=tracer).run)
         info = await nursery.start(functools.partial(serve_websocket, bridge, config))
         yield Daemon(bridge, info, nursery)
         nursery.cancel_scope.cancel()

@@ -108,3 +108,55 @@ async def test_the_session_page_follows_a_session_live_and_answers_its_approval(
     assert note["params"]["reason"] == "console"
     assert note["params"]["outcome"] == {"outcome": "selected", "optionId": "allow-once"}
     assert asked[1]["method"] == "fs/write_text_file"
+
+
+async def test_the_sequence_view_renders_the_sessions_messages_in_order(tmp_path):
+    """From the session page, its sequence view: every message of the session on both links
+    (the editor's and the agent's), in the order the bridge saw them, request before answer;
+    the agent's words in the order it said them; its script opens every message's JSON."""
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(trace=True) as daemon:
+            client = await daemon.client()
+            sid = await client.new_session(cwd=daemon.cwd, _meta={"acp_bridge": {"agent": "demo"}})
+            await client.prompt(sid, "hello sequence view")
+            await client.prompt(sid, "count 3")
+            assert daemon.bridge.trace is not None
+            await daemon.bridge.trace.wait_flushed()
+
+            def script(browser: Any) -> None:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(daemon.login)
+                page.goto(f"{daemon.base}/console/session?id={sid}")
+                page.locator("#sequence-link").click()
+                rows = page.locator("ol.seq > li.msg")
+                rows.first.wait_for(timeout=WAIT_MS)
+                seen = rows.evaluate_all(
+                    """(rows) => rows.map(r => ({
+                        label: r.querySelector('.label').textContent,
+                        dir: r.classList.contains('ltr') ? 'ltr' : 'rtl',
+                        sum: r.querySelector('.sum').textContent,
+                        n: Number(r.querySelector('a.n').textContent)}))"""
+                )
+                labels = [row["label"] for row in seen]
+                assert labels[:4] == ["session/new", "session/new", "result", "result"]
+                assert [row["n"] for row in seen] == sorted(row["n"] for row in seen)
+                prompts = [i for i, label in enumerate(labels) if label == "session/prompt"]
+                assert len(prompts) == 4  # two turns, each on both links
+                assert labels[-1] == "result"
+                assert "end_turn" in seen[-1]["sum"]
+                # The agent's words, once per link, in the order it said them.
+                said = [
+                    row["sum"]
+                    for row in seen
+                    if row["label"] == "session/update" and "agent_message_chunk" in row["sum"]
+                ]
+                words = "".join(s.split('"')[1] for s in said[::2] if '"' in s)
+                assert "You said: hello sequence view" in words
+                sync_api.expect(page.get_by_role("button", name="Open every JSON")).to_be_visible()
+                page.get_by_role("button", name="Open every JSON").click()
+                opened = page.locator("ol.seq details[open]")
+                sync_api.expect(opened).to_have_count(len(seen))
+                page.get_by_role("button", name="Close every JSON").click()
+                screenshot(page, tmp_path, "console-sequence.png")
+
+            await in_browser(script)

@@ -16,7 +16,14 @@ import re
 import pytest
 
 from acp_bridge.cli.main import main
-from acp_bridge.observe.sequence import MAX_LANES, Gap, build_sequence, read_records
+from acp_bridge.observe.sequence import (
+    HISTORY_LINK,
+    MAX_LANES,
+    Gap,
+    build_sequence,
+    history_records,
+    read_records,
+)
 from acp_bridge.observe.sequence_html import (
     MAX_JSON_CHARS,
     render_sequence_body,
@@ -482,3 +489,34 @@ def test_trace_show_html_of_a_missing_file_or_to_an_unwritable_place(tmp_path, c
     out = tmp_path / "no" / "dir" / "x.html"
     assert main(["trace", "show", str(path), "--html", "--output", str(out)]) == 1
     assert "x.html" in capsys.readouterr().err
+
+
+def test_a_sessions_history_is_drawn_as_what_the_bridge_sends_its_clients_without_times():
+    """``history_records``: each entry a message from the bridge to the session's clients,
+    in the history's order; a line that is not JSON is kept as text."""
+    entries = [
+        (
+            1,
+            json.dumps(
+                update("s1", "user_message_chunk", content={"type": "text", "text": "hi"})
+            ).encode(),
+        ),
+        (
+            2,
+            json.dumps(
+                update("s1", "agent_message_chunk", content={"type": "text", "text": "hello"})
+            ).encode(),
+        ),
+        (3, b"not json\n"),
+    ]
+    view = build_sequence(history_records(entries), session=None, limit=None)
+    assert [lane.name for lane in view.lanes] == ["its clients", "bridge"]
+    arrows = view.arrows
+    assert [(a.link, a.direction, a.t) for a in arrows] == [(HISTORY_LINK, "out", 0.0)] * 3
+    assert [a.kind for a in arrows] == ["notification", "notification", "raw"]
+    assert "hi" in arrows[0].summary
+    assert "hello" in arrows[1].summary
+    body = render_view(view, times=False)
+    assert '<span class="t"></span>' in body
+    assert "+0.000s" not in body
+    assert " UTC over " not in body

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import secrets
@@ -19,6 +20,8 @@ from acp_bridge.engine.bridge import Bridge
 from acp_bridge.faces.stream import serve_client_stream
 from acp_bridge.observe.redact import Redactor
 from acp_bridge.observe.trace import (
+    RECENT_BYTES,
+    RECENT_RECORDS,
     WireTrace,
     format_record,
     open_trace_file,
@@ -204,6 +207,39 @@ class _FullDisk:
 
     def close(self):
         pass
+
+
+async def test_the_latest_records_written_are_kept_redacted_within_both_bounds():
+    """``recent()``: what was written, as written (secrets hidden), the latest
+    RECENT_RECORDS of them and about RECENT_BYTES at most, oldest first."""
+    redactor = Redactor()
+    redactor.add("sekrit-value-1234")
+    trace = WireTrace(io.BytesIO(), redactor=redactor)
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trace.run)
+            trace("client:c", "in", b'{"secret":"sekrit-value-1234"}')
+            await trace.wait_flushed()
+            (first,) = trace.recent()
+            assert b"sekrit" not in first
+            assert json.loads(first)["msg"] == {"secret": "***"}
+            for i in range(RECENT_RECORDS + 10):
+                trace("agent:a", "out", b'{"n":%d}' % i)
+            await trace.wait_flushed()
+            recent = trace.recent()
+            assert len(recent) == RECENT_RECORDS
+            assert [json.loads(r)["msg"]["n"] for r in recent[:1] + recent[-1:]] == [
+                10,
+                RECENT_RECORDS + 9,
+            ]
+            big = b'{"big":"' + b"x" * (RECENT_BYTES // 3) + b'"}'
+            for _ in range(4):
+                trace("agent:a", "in", big)
+                await trace.wait_flushed()
+            recent = trace.recent()
+            assert sum(map(len, recent)) <= RECENT_BYTES
+            assert len(recent) == 2  # the last two big ones
+            trace.close()
 
 
 async def test_a_file_that_fails_stops_the_trace_not_the_bridge():

@@ -9,9 +9,10 @@ below) to one of the handlers here once it passed the console's checks (``Host``
   ``/console/app.js``, ``/console/app.css`` (package files, no build step);
 - ``GET /console/events``: server-sent events, one ``snapshot`` of every pending request,
   the recent settlements, the latest audit decisions and the session tree (agents, their
-  sessions, sub-agents under their parents), sent again at each change (bursts
-  coalesce) and at least every :data:`REFRESH` seconds (the countdowns, the audit list; a
-  peer gone is noticed there). At most :data:`MAX_LIVE` at once (then **503**); a write the
+  sessions, sub-agents under their parents), sent again at each approval change (bursts
+  coalesce), when the tree changed (looked at every :data:`TREE_POLL` seconds) and at
+  least every :data:`REFRESH` seconds (the countdowns, the audit list; a peer gone is
+  noticed there). At most :data:`MAX_LIVE` at once (then **503**); a write the
   peer does not take within ``ping_timeout`` ends the stream;
 - ``GET /console/session?id=ID``: a session's page (its conversation and approvals, live through
   ``/console/session/events``);
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
     from acp_bridge.http.server import Exchange, Handler
     from acp_bridge.sessions.table import Forwarded
 
-__all__ = ["MAX_LIVE", "REFRESH", "SESSION_POLL", "Console"]
+__all__ = ["MAX_LIVE", "REFRESH", "SESSION_POLL", "TREE_POLL", "Console"]
 
 logger = structlog.get_logger("acp_bridge.console")
 
@@ -75,6 +76,9 @@ MAX_LIVE: Final = 32
 REFRESH: Final = 5.0
 #: Seconds between two looks at a followed session's history (a session page's channel).
 SESSION_POLL: Final = 0.25
+#: Seconds between two looks at the session tree (the main page's channel): sessions,
+#: owners, watchers, states change without an approval changing.
+TREE_POLL: Final = 1.0
 #: Settlements remembered to tell a page (and a late click) who settled a request.
 PAGE_SETTLED_REMEMBERED: Final = 256
 #: Settlements and audit decisions sent with each snapshot.
@@ -151,9 +155,14 @@ class Console:
 
     # ------------------------------------------------------------------ what is shown
 
+    def tree(self) -> dict[str, Any]:
+        """The session tree as the page shows it (at most ``MAX_TREE_SESSIONS`` sessions)."""
+        tree = self._bridge.tree()
+        return session_tree(list(tree["agents"]), list(tree["sessions"]))
+
     def snapshot(self) -> dict[str, Any]:
         """Every pending request, the recent settlements, the latest audit decisions and the
-        session tree (at most ``MAX_TREE_SESSIONS`` sessions listed)."""
+        session tree."""
         now = trio.current_time()
         pending = []
         for entry in self._approvals.desk.waiting():
@@ -176,13 +185,12 @@ class Console:
                 )
             )
         recent = list(self._bridge.hub.audit.recent)[-SHOWN_DECISIONS:]
-        tree = self._bridge.tree()
         return {
             "type": "snapshot",
             "pending": pending,
             "settled": list(self._settled.values())[-SHOWN_SETTLED:],
             "decisions": [decision_view(r) for r in reversed(recent)],
-            "tree": session_tree(list(tree["agents"]), list(tree["sessions"])),
+            "tree": self.tree(),
         }
 
     # ------------------------------------------------------------------ requests
@@ -336,12 +344,20 @@ class Console:
                     return None
                 with trio.move_on_after(REFRESH):
                     if session is None:
-                        await changed.wait()
+                        await self._tree_changed(snapshot["tree"], changed)
                     else:
                         await self._session_changed(session, changed)
         finally:
             self.live -= 1
         return None
+
+    async def _tree_changed(self, shown: dict[str, Any], changed: trio.Event) -> None:
+        """Until an approval changed, or the session tree is not the one ``shown``."""
+        while not changed.is_set():
+            with trio.move_on_after(TREE_POLL):
+                await changed.wait()
+            if self.tree() != shown:
+                return
 
     async def _session_changed(self, session: str, changed: trio.Event) -> None:
         """Until an approval changed, the session's history grew, or the session is gone."""

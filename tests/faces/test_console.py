@@ -14,14 +14,17 @@ import attrs
 import trio
 import trio.testing
 
+from acp_bridge.faces import console
 from acp_bridge.faces.serve import ListenInfo, startup_summary
 from acp_bridge.policy.rules import Policy
 from tests.faces.test_ws import (
+    NEW_SESSION,
     TIMEOUT,
     TOKEN,
     HttpResponse,
     get_request,
     http_exchange,
+    open_peer,
     open_server,
 )
 from tests.support.fakes import FakeAgent, connect, open_bridge
@@ -396,3 +399,30 @@ def test_serve_prints_the_console_login_link_with_its_token_only_to_a_terminal()
     told = startup_summary(in_file, agent="demo", agent_state="ready")
     assert "SECRET-TOKEN" not in told
     assert "/console?token=TOKEN, the token in /state/token)" in told
+
+
+async def test_the_session_tree_follows_sessions_without_waiting_for_the_refresh(monkeypatch):
+    """A session that starts, gets a watcher, loses its owner: each is a new snapshot on the
+    main page's channel without an approval changing, well before the periodic refresh."""
+    monkeypatch.setattr(console, "REFRESH", 3600.0)  # (only the tree's own look can tell)
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": FakeAgent("a")}) as server:
+            port = server.port
+            events = await Events.open(port, await login(port))
+            async with events.stream:
+                assert tree_sessions(await events.next()) == []
+                async with open_peer(port) as owner, open_peer(port) as watcher:
+                    reply = await owner.request("session/new", NEW_SESSION)
+                    sid = reply["result"]["sessionId"]
+                    shown = tree_sessions(await events.until(tree_sessions))
+                    assert [(s["id"], s["watchers"]) for s in shown] == [(sid, 0)]
+                    watch = {"acp_bridge": {"watch": True}}
+                    load = {**NEW_SESSION, "sessionId": sid, "_meta": watch}
+                    assert "result" in await watcher.request("session/load", load)
+                    await events.until(lambda snap: tree_sessions(snap)[0]["watchers"] == 1)
+                gone = await events.until(lambda snap: tree_sessions(snap)[0]["connection"] is None)
+                assert tree_sessions(gone)[0]["watchers"] == 0
+
+
+def tree_sessions(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for agent in snapshot["tree"]["agents"] for s in agent["sessions"]]

@@ -14,7 +14,8 @@ import trio
 import trio.testing
 
 from tests.attach.test_attach import TIMEOUT
-from tests.support.fakes import TestClient, start_serve
+from tests.support.fakes import TestClient
+from tests.support.serve import start_serve
 
 
 def test_missing_token_file_is_a_usage_error_before_any_connection(tmp_path):
@@ -51,7 +52,7 @@ async def test_attach_process_runs_a_turn_through_a_serve_process(tmp_path):
     serve_argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            serve, url = await start_serve(nursery, serve_argv, env)
+            serve, url, _ = await start_serve(nursery, serve_argv, env)
             nursery.start_soon(_reap, serve)
             attach_argv = [
                 sys.executable, "-m", "acp_bridge", "attach", url,

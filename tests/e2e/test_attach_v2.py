@@ -16,7 +16,8 @@ import trio
 from tests.attach.test_attach import Relay, mentions
 from tests.attach.test_v2 import V2_INIT
 from tests.e2e.test_attach import _reap
-from tests.support.fakes import TestClient, port_of, start_serve
+from tests.support.fakes import TestClient
+from tests.support.serve import port_of, start_serve
 from tests.support.v2_schema import check_to_client
 
 
@@ -87,7 +88,7 @@ async def test_a_v2_editor_through_attach_keeps_its_session_across_a_cut(tmp_pat
                 sys.executable, "-m", "acp_bridge", "serve", "--config", str(config),
                 "--experimental-v2",
             ]  # fmt: skip
-            serve, url = await start_serve(nursery, serve_argv, env)
+            serve, url, _ = await start_serve(nursery, serve_argv, env)
             nursery.start_soon(_reap, serve)
             relay.target_port = port_of(url)
             attach_argv = [

@@ -6,11 +6,9 @@ name the HTTP connection, and the HTTP half speaks TLS where the WebSocket half 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import ssl
-import subprocess
 import sys
 
 import h11
@@ -21,68 +19,40 @@ from tests.faces.test_http_acp import new_session, prompt, texts
 from tests.faces.test_ws import NEW_SESSION, TIMEOUT, TOKEN, open_server
 from tests.support.fakes import FakeAgent
 from tests.support.http_acp import HttpAcpClient, opened, tcp, tls
+from tests.support.serve import serve_process
 
 
 async def test_serve_prints_the_http_url_and_status_shows_an_http_connection(tmp_path):
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
-        'args = ["-m", "acp_bridge", "demo-agent", "--chunk-delay", "0"]\n'
-        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
-    )
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
     with trio.fail_after(30):
-        proc = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            assert proc.stderr is not None
-            seen = b""
-            while (m := re.search(rb"  http:    (http://127\.0\.0\.1:(\d+)/acp) ", seen)) is None:
-                chunk = await proc.stderr.receive_some(65536)
-                assert chunk, seen.decode(errors="replace")
-                seen += chunk
+        async with serve_process(tmp_path, demo_args=["--chunk-delay", "0"]) as served:
+            m = await served.stderr.wait_for(rb"  http:    (http://127\.0\.0\.1:(\d+)/acp) ")
             port = int(m.group(2))
-            token = (tmp_path / "token").read_text().strip()
-
-            async def drain() -> None:
-                assert proc.stderr is not None
-                while await proc.stderr.receive_some(65536):
-                    pass
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drain)
-                client = HttpAcpClient(tcp(port), host=f"127.0.0.1:{port}", token=token)
-                await client.initialize()
-                async with opened(client.events()) as events:
-                    sid = await new_session(client, events)
-                    status_argv = [sys.executable, "-m", "acp_bridge", "status"]
-                    status_argv += ["--config", str(config), "--url", f"http://127.0.0.1:{port}"]
-                    shown = await trio.run_process(
-                        status_argv, capture_stdout=True, capture_stderr=True, env=env
-                    )
-                    text = shown.stdout.decode()
-                    session = next(line for line in text.splitlines() if sid in line)
-                    assert re.search(r"connection http:[0-9a-f]{8}", session)
-                    assert re.search(r"^  http:[0-9a-f]{8}\s+http\s+queue", text, flags=re.M)
-                    as_json = await trio.run_process(
-                        [*status_argv, "--json"], capture_stdout=True, capture_stderr=True, env=env
-                    )
-                    [connection] = json.loads(as_json.stdout)["connections"]
-                    assert connection["transport"] == "http"
-                assert (await client.delete()).status == 202
-                proc.terminate()
-                assert await proc.wait() == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
+            assert port == served.port
+            client = HttpAcpClient(tcp(port), host=f"127.0.0.1:{port}", token=served.token)
+            await client.initialize()
+            async with opened(client.events()) as events:
+                sid = await new_session(client, events)
+                status_argv = [sys.executable, "-m", "acp_bridge", "status"]
+                status_argv += ["--config", str(served.config)]
+                status_argv += ["--url", f"http://127.0.0.1:{port}"]
+                shown = await trio.run_process(
+                    status_argv, capture_stdout=True, capture_stderr=True, env=served.env
+                )
+                text = shown.stdout.decode()
+                session = next(line for line in text.splitlines() if sid in line)
+                assert re.search(r"connection http:[0-9a-f]{8}", session)
+                assert re.search(r"^  http:[0-9a-f]{8}\s+http\s+queue", text, flags=re.M)
+                as_json = await trio.run_process(
+                    [*status_argv, "--json"],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    env=served.env,
+                )
+                [connection] = json.loads(as_json.stdout)["connections"]
+                assert connection["transport"] == "http"
+            assert (await client.delete()).status == 202
+            served.proc.terminate()
+            assert await served.proc.wait() == 0
 
 
 async def test_the_http_half_speaks_tls_where_the_websocket_half_does(tmp_path):

@@ -6,7 +6,6 @@ The tests of ``tests/faces/test_status.py`` that start other processes (kept her
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,6 +13,8 @@ import sys
 
 import trio
 import trio_websocket
+
+from tests.support.serve import serve_process
 
 
 def test_status_module_imports_no_trio():
@@ -24,101 +25,58 @@ def test_status_module_imports_no_trio():
 
 async def test_status_command_shows_a_live_daemon_agent_and_session(tmp_path):
     """`acp-bridge status` against a real `serve`: agent with pid, session, JSON; and its trace."""
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
-        'args = ["-m", "acp_bridge", "demo-agent"]\n'
-        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
-    )
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     trace = tmp_path / "trace.jsonl"
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
-    argv += ["--trace", str(trace)]
     with trio.fail_after(30):
-        proc = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            assert proc.stderr is not None
-            seen = b""
-            while (m := re.search(rb"listening on ws://127\.0\.0\.1:(\d+)/acp", seen)) is None:
-                chunk = await proc.stderr.receive_some(65536)
-                assert chunk, seen.decode(errors="replace")
-                seen += chunk
-            port = int(m.group(1))
-            token = (tmp_path / "token").read_text().strip()
-
-            async def drain() -> None:
-                assert proc.stderr is not None
-                while await proc.stderr.receive_some(65536):
-                    pass
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drain)
-                stream = await trio.open_tcp_stream("127.0.0.1", port)
-                async with stream, trio.open_nursery() as ws_nursery:
-                    ws = await trio_websocket.wrap_client_stream(
-                        ws_nursery,
-                        stream,
-                        f"127.0.0.1:{port}",
-                        "/acp",
-                        extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
-                    )
-                    for req_id, method, params in [
-                        (1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}}),
-                        (2, "session/new", {"cwd": str(tmp_path), "mcpServers": []}),
-                    ]:
-                        await ws.send_message(
-                            json.dumps(
-                                {"jsonrpc": "2.0", "id": req_id, "method": method, "params": params}
-                            )
+        async with serve_process(tmp_path, "--trace", str(trace)) as served:
+            port = served.port
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream, trio.open_nursery() as ws_nursery:
+                ws = await trio_websocket.wrap_client_stream(
+                    ws_nursery,
+                    stream,
+                    f"127.0.0.1:{port}",
+                    "/acp",
+                    extra_headers=[(b"Authorization", f"Bearer {served.token}".encode())],
+                )
+                for req_id, method, params in [
+                    (1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}}),
+                    (2, "session/new", {"cwd": str(tmp_path), "mcpServers": []}),
+                ]:
+                    await ws.send_message(
+                        json.dumps(
+                            {"jsonrpc": "2.0", "id": req_id, "method": method, "params": params}
                         )
-                        while (reply := json.loads(await ws.get_message())).get("id") != req_id:
-                            pass
-                    sid = reply["result"]["sessionId"]
+                    )
+                    while (reply := json.loads(await ws.get_message())).get("id") != req_id:
+                        pass
+                sid = reply["result"]["sessionId"]
 
-                    url = f"ws://127.0.0.1:{port}/acp"  # the URL `serve` prints works too
-                    status_argv = [
-                        sys.executable,
-                        "-m",
-                        "acp_bridge",
-                        "status",
-                        "--config",
-                        str(config),
-                        "--url",
-                        url,
-                    ]
-                    shown = await trio.run_process(
-                        status_argv, capture_stdout=True, capture_stderr=True, env=env
-                    )
-                    text = shown.stdout.decode()
-                    demo = next(
-                        line for line in text.splitlines() if line.strip().startswith("demo ")
-                    )
-                    assert re.search(r"demo\s+ready\s+pid \d+\s+restarts 0", demo)
-                    session = next(line for line in text.splitlines() if sid in line)
-                    assert re.search(r"agent demo\s+active\s+connection ws:[0-9a-f]{8}", session)
-                    as_json = await trio.run_process(
-                        [*status_argv, "--json"], capture_stdout=True, capture_stderr=True, env=env
-                    )
-                    status = json.loads(as_json.stdout)
-                    assert status["sessions"][0]["sessionId"] == sid
-                    assert status["agents"][0]["pid"] > 0
-                    await ws.aclose()
-                    ws_nursery.cancel_scope.cancel()
-                proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0
-            # `serve --trace`: the session on both links, written out by the time it exited.
-            records = [json.loads(line) for line in trace.read_text().splitlines()]
-            links = {(r["link"].split(":")[0], r["dir"]) for r in records}
-            assert links == {("client", "in"), ("client", "out"), ("agent", "in"), ("agent", "out")}
-            assert any(r["msg"].get("result", {}).get("sessionId") == sid for r in records)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
+                url = f"ws://127.0.0.1:{port}/acp"  # the URL `serve` prints works too
+                status_argv = [sys.executable, "-m", "acp_bridge", "status"]
+                status_argv += ["--config", str(served.config), "--url", url]
+                shown = await trio.run_process(
+                    status_argv, capture_stdout=True, capture_stderr=True, env=served.env
+                )
+                text = shown.stdout.decode()
+                demo = next(line for line in text.splitlines() if line.strip().startswith("demo "))
+                assert re.search(r"demo\s+ready\s+pid \d+\s+restarts 0", demo)
+                session = next(line for line in text.splitlines() if sid in line)
+                assert re.search(r"agent demo\s+active\s+connection ws:[0-9a-f]{8}", session)
+                as_json = await trio.run_process(
+                    [*status_argv, "--json"],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    env=served.env,
+                )
+                status = json.loads(as_json.stdout)
+                assert status["sessions"][0]["sessionId"] == sid
+                assert status["agents"][0]["pid"] > 0
+                await ws.aclose()
+                ws_nursery.cancel_scope.cancel()
+            served.proc.send_signal(signal.SIGTERM)
+            assert await served.proc.wait() == 0
+        # `serve --trace`: the session on both links, written out by the time it exited.
+        records = [json.loads(line) for line in trace.read_text().splitlines()]
+        links = {(r["link"].split(":")[0], r["dir"]) for r in records}
+        assert links == {("client", "in"), ("client", "out"), ("agent", "in"), ("agent", "out")}
+        assert any(r["msg"].get("result", {}).get("sessionId") == sid for r in records)

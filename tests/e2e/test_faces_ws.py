@@ -6,7 +6,6 @@ The tests of ``tests/faces/test_ws.py`` that start other processes (kept here so
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -30,6 +29,7 @@ from tests.faces.test_ws import (
     open_server,
 )
 from tests.support.fakes import FakeAgent
+from tests.support.serve import serve_process
 
 
 async def test_tls_listener_serves_wss_and_health(tmp_path):
@@ -83,96 +83,36 @@ def test_serve_refuses_a_remote_bind_without_the_flag(tmp_path):
 
 async def test_serve_process_answers_healthz_and_stops_on_sigterm(tmp_path):
     """The real daemon on port 0 reports its URL, answers /healthz 200, exits 0 on SIGTERM."""
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
-        'args = ["-m", "acp_bridge", "demo-agent"]\n'
-        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
-    )
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     with trio.fail_after(30):
-        proc = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            assert proc.stderr is not None
-            seen = b""
-            while (m := re.search(rb"listening on (ws://\S+)", seen)) is None:
-                chunk = await proc.stderr.receive_some(65536)
-                assert chunk, seen.decode(errors="replace")
-                seen += chunk
-            url = m.group(1).decode()
-            port = int(re.fullmatch(r"ws://127\.0\.0\.1:(\d+)/acp", url).group(1))
-
-            async def drain() -> None:
-                assert proc.stderr is not None
-                while await proc.stderr.receive_some(65536):
-                    pass
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drain)
-                response = await http_exchange(port, get_request(port, "/healthz"))
-                assert response.status == 200
-                assert json.loads(response.body)["agents"]["demo"]["state"] == "ready"
-                token_file = tmp_path / "token"
-                assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-                proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
+        async with serve_process(tmp_path) as served:
+            assert re.fullmatch(r"ws://127\.0\.0\.1:\d+/acp", served.url)
+            port = served.port
+            response = await http_exchange(port, get_request(port, "/healthz"))
+            assert response.status == 200
+            assert json.loads(response.body)["agents"]["demo"]["state"] == "ready"
+            token_file = tmp_path / "token"
+            assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+            served.proc.send_signal(signal.SIGTERM)
+            assert await served.proc.wait() == 0
 
 
 async def test_serve_without_a_terminal_never_writes_the_token_to_stderr(tmp_path):
     """The daemon's stderr is a pipe here (a log, a journal): its summary names the console
     and where the token is, never the token itself, and nothing else it writes does."""
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\n"
-        'args = ["-m", "acp_bridge", "demo-agent"]\n'
-        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
-    )
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     with trio.fail_after(30):
-        proc = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            assert proc.stderr is not None
-            seen = b""
+        async with serve_process(tmp_path) as served:
             # The summary ends with the editor entry's closing brace, alone on its line.
-            while b"agent_servers" not in seen or not seen.rstrip().endswith(b"}"):
-                chunk = await proc.stderr.receive_some(65536)
-                assert chunk, seen.decode(errors="replace")
-                seen += chunk
-            port = int(re.search(rb"listening on ws://127\.0\.0\.1:(\d+)/acp", seen).group(1))
+            await served.stderr.wait_for(rb"(?s)agent_servers.*\n    \}\n")
+            port = served.port
             # A request that fails the token check is logged too: still no token.
             response = await http_exchange(port, get_request(port, "/status"))
             assert response.status == 401
-            proc.send_signal(signal.SIGTERM)
-            while chunk := await proc.stderr.receive_some(65536):
-                seen += chunk
-            assert await proc.wait() == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
+            served.proc.send_signal(signal.SIGTERM)
+            assert await served.proc.wait() == 0
+            await served.stderr.ended.wait()
+            text = served.stderr.text
     token = (tmp_path / "token").read_text().strip()
     assert len(token) > 20
-    text = seen.decode()
     assert token not in text
     assert f"console: http://127.0.0.1:{port}/console (approvals; log in with" in text
     assert f"the token in {tmp_path / 'token'})" in text

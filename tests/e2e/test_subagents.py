@@ -6,7 +6,6 @@ demo agents that delegate to each other through the bridge's MCP server (http an
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,8 +16,8 @@ import trio
 import trio_websocket
 
 from tests.e2e.test_stdio import DEMO, BridgeProcess, _reap
-from tests.support.fakes import port_of, start_serve
 from tests.support.peers import npm
+from tests.support.serve import serve_process
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -226,26 +225,11 @@ async def test_past_max_depth_a_child_is_offered_no_spawn_tool(tmp_path):
 
 
 async def test_a_parent_delegates_through_serve_mode(tmp_path):
-    config = tmp_path / "serve.toml"
-    demo = json.dumps(sys.executable)
-    config.write_text(
-        f'[agents.demo]\ncommand = {demo}\nargs = ["-m", "acp_bridge", "demo-agent"]\n'
-        f'[agents.helper]\ncommand = {demo}\nargs = ["-m", "acp_bridge", "demo-agent", '
-        '"--name", "helper", "--session-prefix", "helper-"]\n'
-        '[websocket]\nport = 0\ntoken_file = "token"\n[store]\npath = ":memory:"\n'
-    )
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
+    helper = ["-m", "acp_bridge", "demo-agent", "--name", "helper", "--session-prefix", "helper-"]
+    more = f"[agents.helper]\ncommand = {json.dumps(sys.executable)}\nargs = {json.dumps(helper)}\n"
     with trio.fail_after(TIMEOUT):
-        async with trio.open_nursery() as nursery:
-            proc, url = await start_serve(nursery, argv, env)
-            try:
-                token = (tmp_path / "token").read_text().strip()
-                sid, messages = await _ws_session(port_of(url), token, tmp_path)
-            finally:
-                proc.terminate()
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
+        async with serve_process(tmp_path, more=more) as served:
+            sid, messages = await _ws_session(served.port, served.token, tmp_path)
         text = text_of(messages, sid)
         assert re.search(r"\[helper \(helper-\w+-1\): You said: hello\] \(end_turn\)", text)
         assert session_ids(messages) == {sid}

@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +20,9 @@ import trio
 from acp.http import create_http_stream
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 
-from tests.support.fakes import start_serve
 from tests.support.peers.npm import INSTALL, npm_peer_bin, npm_peer_dir
 from tests.support.peers.sdk_client import RecordingClient
+from tests.support.serve import serve_process
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -39,23 +37,9 @@ CHUNK_DELAY = "0.05"
 @contextlib.asynccontextmanager
 async def serving(tmp_path: Path) -> AsyncIterator[str]:
     """``acp-bridge serve`` with the demo agent; its ACP URL for HTTP clients."""
-    config = tmp_path / "serve.toml"
-    agent = ["-m", "acp_bridge", "demo-agent", "--chunk-delay", CHUNK_DELAY]
-    config.write_text(
-        f"[agents.demo]\ncommand = {json.dumps(sys.executable)}\nargs = {json.dumps(agent)}\n"
-        f'[websocket]\nport = 0\ntoken = {json.dumps(TOKEN)}\n[store]\npath = ":memory:"\n'
-    )
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--config", str(config)]
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
-    async with trio.open_nursery() as nursery:
-        proc, url = await start_serve(nursery, argv, env)
-        try:
-            yield url.replace("ws://", "http://", 1)
-        finally:
-            proc.terminate()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-            nursery.cancel_scope.cancel()
+    delay = ["--chunk-delay", CHUNK_DELAY]
+    async with serve_process(tmp_path, demo_args=delay, token=TOKEN) as served:
+        yield served.url.replace("ws://", "http://", 1)
 
 
 async def test_the_typescript_sdks_http_client_through_serve(tmp_path):

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import re
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -500,37 +498,3 @@ async def connect(
         seq=seq, log=log, fs={"readTextFile": True, "writeTextFile": True}, **caps
     )
     return client
-
-
-async def start_serve(
-    nursery: trio.Nursery, argv: list[str], env: dict[str, str]
-) -> tuple[trio.Process, str]:
-    """
-    Start ``acp-bridge serve`` (``argv``) and wait for the WebSocket URL it prints on stderr;
-    the rest of its stderr is drained in ``nursery`` (a full pipe would stall the daemon).
-    Stopping the process is the caller's.
-    """
-    proc = await trio.lowlevel.open_process(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
-    )
-    stderr = proc.stderr
-    assert stderr is not None
-    seen = b""
-    while (m := re.search(rb"listening on (ws://\S+)", seen)) is None:
-        chunk = await stderr.receive_some(65536)
-        assert chunk, seen.decode(errors="replace")
-        seen += chunk
-
-    async def drain() -> None:
-        while await stderr.receive_some(65536):
-            pass
-
-    nursery.start_soon(drain)
-    return proc, m.group(1).decode()
-
-
-def port_of(url: str) -> int:
-    """The port of a loopback ``ws://127.0.0.1:PORT/...`` URL ``serve`` printed."""
-    m = re.match(r"ws://127\.0\.0\.1:(\d+)/", url)
-    assert m is not None, url
-    return int(m.group(1))

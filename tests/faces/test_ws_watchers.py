@@ -8,7 +8,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from acp_bridge.engine.relay import WATCHER_TOO_SLOW
+from acp_bridge.engine.watchers import WATCHER_TOO_SLOW
 from acp_bridge.faces.stream import serve_client_stream
 from acp_bridge.protocol.framing import LineDecoder
 from acp_bridge.protocol.jsonrpc import dumps, loads

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final
 
 from acp_bridge.protocol.jsonrpc import dumps
 from acp_bridge.protocol.wire import set_seq
+from acp_bridge.sessions.tree import SUBAGENT_UPDATE, supports_subagents
 
 if TYPE_CHECKING:
     from acp_bridge.protocol.jsonrpc import JsonObject
@@ -35,11 +36,15 @@ def fan_out(
     A recorded update of ``session`` to each of its watchers, in the order the owner gets
     it. Never waits: a watcher whose queue is full is cut off at once (its connection
     closed), so it never slows the owner or the agent; it catches up with ``after_seq``.
+    A ``subagent_update`` goes only to a watcher that advertised ``subagents``, as to the
+    owner and in a replay: a client that never asked for it may report it as an error.
     """
+    update = params.get("update")
+    tree = type(update) is dict and update.get("sessionUpdate") == SUBAGENT_UPDATE
     stamped: bytes | None = None
     for watcher in watchers:
         link = watcher.link
-        if link.closed:
+        if link.closed or (tree and not supports_subagents(link.capabilities)):
             continue
         if not link.has_room():
             link.close(WATCHER_TOO_SLOW)

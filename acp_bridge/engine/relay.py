@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from acp_bridge.engine.watchers import fan_out
+from acp_bridge.engine.watchers import fan_out, offer_notice
 from acp_bridge.protocol import scan
 from acp_bridge.protocol.framing import LineDecoder, Oversize
 from acp_bridge.protocol.jsonrpc import (
@@ -273,8 +273,9 @@ class Relay:
     ) -> None:
         """
         An agent's own ``notice``: relayed unchanged (its session id rewritten if need be) to
-        a client that takes notices and has room, else dropped (ACP: an agent must not rely
-        on a notice being seen). Never recorded: a notice is not session history.
+        the owner and the watchers that take notices and have room, else dropped (ACP: an
+        agent must not rely on a notice being seen). Never recorded: a notice is not session
+        history.
         """
         self._counters["from_agent"] += 1
         if self._tracer is not None:
@@ -287,13 +288,19 @@ class Relay:
             or not client.has_room()
             or (session.watch is not None and not session.watch({}))
         ):
+            client = None
+        watchers = session.watchers
+        if client is None and watchers is None:
             return
         if session.rewrite:  # (rare: re-encoded, no byte-level rewrite needed)
             params["sessionId"] = session.bridge_id
             data = dumps(msg)
         else:
             data = line + b"\n"
-        client.put_update(data, session)
+        if client is not None:
+            client.put_update(data, session)
+        if watchers is not None:
+            offer_notice(session, watchers, data)
 
     def record_update(
         self, session: Session, msg: JsonObject, params: JsonObject, line: bytes

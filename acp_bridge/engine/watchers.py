@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from acp_bridge.protocol.jsonrpc import dumps
+from acp_bridge.protocol.notices import wants_notices
 from acp_bridge.protocol.wire import set_seq
 from acp_bridge.sessions.tree import SUBAGENT_UPDATE, supports_subagents
 
@@ -58,4 +59,15 @@ def fan_out(
             link.put_update(data, session)
 
 
-__all__ = ["WATCHER_TOO_SLOW", "fan_out"]
+def offer_notice(session: Session, watchers: list[Watcher], data: bytes) -> None:
+    """
+    A ``notice`` on ``session`` to each watcher that takes notices and has room. One without
+    room just misses it: a notice is droppable (never history), not worth cutting anyone off.
+    """
+    for watcher in watchers:
+        link = watcher.link
+        if not link.closed and wants_notices(link.capabilities) and link.has_room():
+            link.put_update(data, session)
+
+
+__all__ = ["WATCHER_TOO_SLOW", "fan_out", "offer_notice"]

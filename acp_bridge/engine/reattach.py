@@ -274,11 +274,11 @@ class Reattach:
 
         load replays the session's history, then answers; with
         ``_meta.acp_bridge.after_seq: N`` it replays only what the live stream carried after
-        update N (a catch-up: not the user's own prompts). resume answers at once. Either way
-        the client becomes the owner, agent requests waiting on a previous connection are
-        shown to it, and the answer's ``_meta.acp_bridge`` says ``lastSeq``, whether the
-        replay is ``complete``, and which of the client's requests (``pending``: ids) are
-        still to be answered on this connection.
+        update N (a catch-up: not the user's own prompts; a watcher's has them). resume
+        answers at once. Either way the client becomes the owner, agent requests waiting on
+        a previous connection are shown to it, and the answer's ``_meta.acp_bridge`` says
+        ``lastSeq``, whether the replay is ``complete``, and which of the client's requests
+        (``pending``: ids) are still to be answered on this connection.
 
         ``watch`` (not None: whether it approves too): the client becomes a watcher instead
         (:meth:`watch`); the owner's held answers and owed requests stay the owner's.
@@ -291,7 +291,9 @@ class Reattach:
         requested = bridge_meta(params).get("after_seq") if load else None
         if requested is not None and (type(requested) is not int or requested < 0):
             raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
-        catch_up = requested is not None
+        # A catch-up skips the user's prompts, which the owner sent itself; a watcher's does
+        # not: it gets them live (as the owner's other updates), so they are in its stream.
+        skip_prompts = requested is not None and not watching
         after: int = requested or 0
         history = self._hub.history(session)
         take_held = _hold_nothing if watching else transitions.take_held
@@ -299,7 +301,7 @@ class Reattach:
         hide_tree = not supports_subagents(client.capabilities)
         complete = True
         if load:
-            entries, complete = history.after(after, live_only=catch_up)
+            entries, complete = history.after(after, live_only=skip_prompts)
             for data in take_held(session, after):
                 await client.send_wait(data)
             for seq, data in entries:
@@ -325,7 +327,7 @@ class Reattach:
         # Updates that came in meanwhile were kept, not sent: send them, then switch the live
         # stream over with no await in between (nothing lost, nothing twice).
         while history.last_seq > after:
-            entries, caught_up = history.after(after, live_only=catch_up)
+            entries, caught_up = history.after(after, live_only=skip_prompts)
             complete = complete and caught_up
             if not entries:
                 break

@@ -202,10 +202,12 @@ async def test_a_watcher_dropped_mid_stream_comes_back_after_seq_and_misses_noth
                     if m.get("method") == "session/update"
                 ]
             everything = seen + replayed
-            # (seq 1 is the owner's prompt, not part of the live stream)
-            first = everything[0][0]
-            assert [s for s, _ in everything] == list(range(first, first + total))
-            assert [t for _, t in everything] == [f"a:s1:{i}" for i in range(total)]
+            # (seq 1 is the owner's prompt: a watcher gets it live, and in its catch-up)
+            assert [s for s, _ in everything] == list(range(1, total + 2))
+            assert [t for _, t in everything] == [
+                f"count {total}",
+                *(f"a:s1:{i}" for i in range(total)),
+            ]
 
 
 async def silent_watcher(
@@ -292,6 +294,8 @@ async def test_a_watcher_that_approves_answers_first_and_the_owner_is_withdrawn(
                 }
             )
             asked_owner = await owner.next()
+            prompted = await watcher.next()  # (the owner's prompt, live)
+            assert prompted["params"]["update"]["sessionUpdate"] == "user_message_chunk"
             asked_watcher = await watcher.next()
             assert asked_owner["method"] == asked_watcher["method"] == "session/request_permission"
             await watcher.send(
@@ -400,3 +404,45 @@ async def test_a_watcher_without_room_misses_a_notice_and_is_not_cut_off():
             assert not link.has_room()  # (its queue filled with notices: the rest dropped)
             assert not link.closed
             nursery.cancel_scope.cancel()
+
+
+def stream(client: TestClient, sid: str) -> list[tuple[int, dict[str, Any]]]:
+    """The session's updates a client got, with their seq numbers."""
+    return [
+        (m["params"]["_meta"]["acp_bridge"]["seq"], m["params"]["update"])
+        for m in client.received
+        if m.get("method") == "session/update" and m["params"]["sessionId"] == sid
+    ]
+
+
+async def test_a_watcher_sees_the_owners_prompts_live_as_a_replay_shows_them():
+    agent = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with open_bridge({"a": agent}) as (owner, bridge), trio.open_nursery() as n:
+            sid = await owner.new_session()
+            watcher = await connect(bridge, n, seq=True, name="watcher")
+            await watcher.call("session/resume", watch(sid))
+            await owner.prompt(sid, "count 2")
+            await watcher.wait_for(lambda _: len(stream(watcher, sid)) == 3)
+            live = stream(watcher, sid)
+            assert [u["sessionUpdate"] for _, u in live] == [
+                "user_message_chunk",
+                "agent_message_chunk",
+                "agent_message_chunk",
+            ]
+            assert live[0][1]["content"] == {"type": "text", "text": "count 2"}
+            # What it saw live is what a load replays.
+            fresh = await connect(bridge, n, seq=True, name="fresh")
+            await fresh.call("session/load", watch(sid))
+            assert stream(fresh, sid) == live
+            # The owner sent the prompt: it is not echoed to it.
+            assert [u for u in owner.received if "user_message_chunk" in str(u)] == []
+            # Gone, and back with after_seq: the prompt sent meanwhile is in its catch-up.
+            await watcher.disconnect()
+            await owner.prompt(sid, "count 1")
+            await fresh.wait_for(lambda _: len(stream(fresh, sid)) == 5)
+            back = await connect(bridge, n, seq=True, name="back")
+            await back.call("session/load", watch(sid, after_seq=live[-1][0]))
+            assert stream(back, sid) == stream(fresh, sid)[3:]
+            assert stream(back, sid)[0][1]["sessionUpdate"] == "user_message_chunk"
+            n.cancel_scope.cancel()

@@ -26,6 +26,7 @@ from acp_bridge.agents.backoff import Restarts
 from acp_bridge.config import remote
 from acp_bridge.engine.audit import AuditLog
 from acp_bridge.engine.links import AgentLink, AgentState, Waiter
+from acp_bridge.engine.watchers import fan_out
 from acp_bridge.observe.redact import Redactor
 from acp_bridge.protocol import jsonrpc as rpc
 from acp_bridge.protocol.capabilities import strip_unsupported_setup
@@ -177,17 +178,24 @@ class Hub:
     def remember_prompt(self, session: Session, prompt: object) -> None:
         """
         A prompt (its content blocks, or a text) goes into the session's history as
-        ``user_message_chunk`` updates, as the client sent it: a replay shows both sides.
+        ``user_message_chunk`` updates, as the client sent it: a replay shows both sides. Not
+        sent to the owner, which sent it; sent live to the watchers, which did not, so what a
+        watcher sees live is what a replay would give it.
         """
         if isinstance(prompt, str):
             prompt = [{"type": "text", "text": prompt}]
         if not isinstance(prompt, list):
             return
         history = self.history(session)
+        watchers = session.watchers
         for block in prompt:
             update = {"sessionUpdate": "user_message_chunk", "content": block}
             params: JsonObject = {"sessionId": session.bridge_id, "update": update}
-            history.append(dumps(rpc.notification("session/update", params)), live=False)
+            msg = rpc.notification("session/update", params)
+            data = dumps(msg)
+            seq = history.append(data, live=False)
+            if watchers is not None:
+                fan_out(session, watchers, msg, params, data, seq)
         if self.journal is not None:
             self.journal.updated(session.bridge_id, history)
 

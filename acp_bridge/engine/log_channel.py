@@ -36,6 +36,7 @@ from acp_bridge.protocol.notices import (
     wants_notices,
 )
 from acp_bridge.sessions.table import SessionState
+from acp_bridge.sessions.transitions import watcher_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -118,16 +119,28 @@ class LogChannel:
 
     def notice(self, session: Session, notice: Notice) -> None:
         """
-        A notice on ``session``, to its client if it advertised ``session.notices`` and its
-        budget allows (never waits; redacted).
+        A notice on ``session``, to its client and to each of its watchers that advertised
+        ``session.notices``, each within its own budget (never waits; redacted).
         """
         client = session.client
-        if client is None or client.closed or not wants_notices(client.capabilities):
-            return
-        if session.watch is not None and not session.watch({}):
-            return  # a sub-agent's, whose client does not see the child's session
-        if self._notice_budget(client, session):
+        if (
+            client is not None
+            and not client.closed
+            and wants_notices(client.capabilities)
+            # (not a sub-agent's whose client does not see the child's session)
+            and (session.watch is None or session.watch({}))
+            and self._notice_budget(client, session)
+        ):
             self._offer_notice(client, session, notice)
+        if session.watchers is not None:
+            for watcher in session.watchers:
+                link: ClientLink = watcher.link
+                if (
+                    not link.closed
+                    and wants_notices(link.capabilities)
+                    and self._notice_budget(link, session)
+                ):
+                    self._offer_notice(link, session, notice)
 
     def agent_notice(
         self, agent: AgentLink, notice: Notice, sessions: Iterable[Session] | None = None
@@ -167,7 +180,11 @@ class LogChannel:
 
     async def _notice_summary(self, client: ClientLink, session: Session) -> None:
         count = client.notice_budget.take_suppressed()
-        if count and session.client is client and not client.closed:
+        if (
+            count
+            and not client.closed
+            and (session.client is client or watcher_of(session, client) is not None)
+        ):
             self._offer_notice(client, session, suppressed_notice(count))
 
     def _log_budget(self, agent: AgentLink) -> bool:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from acp_bridge.engine.log_channel import LogChannel
     from acp_bridge.engine.reverse import Reverse
     from acp_bridge.protocol.jsonrpc import JsonObject, JsonRpcId
-    from acp_bridge.sessions.table import Session
+    from acp_bridge.sessions.table import Forwarded, Session
 
 #: a ``subagent_update`` as the bridge records it (compact: its own encoding)
 _SUBAGENT_UPDATE = b'"sessionUpdate":"subagent_update"'
@@ -82,8 +82,8 @@ class Reattach:
         # takes the session back (same ids: what the attach shim relies on), else nowhere.
         client.inflight.clear()
         for session in self._hub.sessions:
-            if session.watchers is not None:
-                transitions.drop_watcher(session, client)
+            if session.watchers is not None and transitions.drop_watcher(session, client):
+                await self._unwatched(session)
             if session.client is client:
                 await self.detach(session)
         self._approvals.forget_client(client)
@@ -97,22 +97,62 @@ class Reattach:
 
     def schedule_detach(self, session: Session) -> None:
         """Nobody owns the session now: it lives ``detach_grace`` seconds more, unless taken."""
-        grace = self._hub.config.bridge.detach_grace
-        transitions.let_go(session, trio.current_time() + max(grace, 0.0))
-        assert session.detach_deadline is not None
-        session.log.info("session_detached", grace=grace)
+        transitions.let_go(session, None)
+        session.log.info("session_detached", grace=self._hub.config.bridge.detach_grace)
+        self._start_grace(session)
+
+    def _start_grace(self, session: Session) -> None:
+        """The session's grace runs from now (again, if it was running): ``_expire`` at its end."""
+        when = trio.current_time() + max(self._hub.config.bridge.detach_grace, 0.0)
+        session.detach_deadline = when
         self._hub.deadlines.schedule(
-            ("detach", session), session.detach_deadline, functools.partial(self._expire, session)
+            ("detach", session), when, functools.partial(self._expire, session)
         )
 
+    async def _unwatched(self, session: Session) -> None:
+        """
+        A watcher of ``session`` went away. If that leaves it with neither owner nor watcher,
+        it closes ``detach_grace`` from now (its grace starts, or starts over: a watched
+        session's deadline only comes round again), and so do its children, which live with
+        it.
+        """
+        sessions = self._hub.sessions
+        if session.client is not None or transitions.watched(session, sessions):
+            return
+        children = self._hub.tree.descendants(session.bridge_id)
+        for one in [session, *(sessions.get(child.id) for child in children)]:
+            if one is None or one.client is not None or sessions.get(one.bridge_id) is not one:
+                continue  # (a child's owner is its root's; one closed meanwhile)
+            if self._hub.config.bridge.detach_grace > 0:
+                self._start_grace(one)
+            else:
+                await self._expire(one)
+
     async def _expire(self, session: Session) -> None:
-        """Nobody took the session back in time: settle what waits on it, close it."""
+        """
+        Nobody took the session back in time: what waits on it is settled, and it closes.
+        Unless a live connection still watches it (or its tree's root): then it stays open,
+        a permission request shown to a watcher that approves still waits (it is attended),
+        and this comes again after another ``detach_grace``.
+        """
         session.detach_deadline = None
+        sessions = self._hub.sessions
         agent = self._hub.agents[session.agent]
+        watched = transitions.watched(session, sessions)
         for entry in list(session.parked):
-            await self._reverse.answer_unattended(entry, "grace")
-        session.parked.clear()
-        ours = self._hub.sessions.owns_agent_id(session)  # (not if its id went to a new session)
+            if watched and _shown_to_a_watcher(entry):
+                continue
+            if entry in session.parked:  # (not settled meanwhile)
+                session.parked.remove(entry)
+                await self._reverse.answer_unattended(entry, "grace")
+        if sessions.get(session.bridge_id) is not session or session.client is not None:
+            return  # closed, or taken back, while what waited was settled
+        if transitions.watched(session, sessions):
+            if self._hub.config.bridge.detach_grace > 0:
+                self._start_grace(session)
+            session.log.info("session_kept_for_watchers")
+            return
+        ours = sessions.owns_agent_id(session)  # (not if its id went to a new session)
         self.close_session(session)
         session.log.info("session_closed_after_grace")
         await self._logs.agent_log(
@@ -274,11 +314,11 @@ class Reattach:
 
         load replays the session's history, then answers; with
         ``_meta.acp_bridge.after_seq: N`` it replays only what the live stream carried after
-        update N (a catch-up: not the user's own prompts). resume answers at once. Either way
-        the client becomes the owner, agent requests waiting on a previous connection are
-        shown to it, and the answer's ``_meta.acp_bridge`` says ``lastSeq``, whether the
-        replay is ``complete``, and which of the client's requests (``pending``: ids) are
-        still to be answered on this connection.
+        update N (a catch-up: not the user's own prompts; a watcher's has them). resume
+        answers at once. Either way the client becomes the owner, agent requests waiting on
+        a previous connection are shown to it, and the answer's ``_meta.acp_bridge`` says
+        ``lastSeq``, whether the replay is ``complete``, and which of the client's requests
+        (``pending``: ids) are still to be answered on this connection.
 
         ``watch`` (not None: whether it approves too): the client becomes a watcher instead
         (:meth:`watch`); the owner's held answers and owed requests stay the owner's.
@@ -291,7 +331,9 @@ class Reattach:
         requested = bridge_meta(params).get("after_seq") if load else None
         if requested is not None and (type(requested) is not int or requested < 0):
             raise JsonRpcError.invalid_params("_meta.acp_bridge.after_seq: expected an int")
-        catch_up = requested is not None
+        # A catch-up skips the user's prompts, which the owner sent itself; a watcher's does
+        # not: it gets them live (as the owner's other updates), so they are in its stream.
+        skip_prompts = requested is not None and not watching
         after: int = requested or 0
         history = self._hub.history(session)
         take_held = _hold_nothing if watching else transitions.take_held
@@ -299,7 +341,7 @@ class Reattach:
         hide_tree = not supports_subagents(client.capabilities)
         complete = True
         if load:
-            entries, complete = history.after(after, live_only=catch_up)
+            entries, complete = history.after(after, live_only=skip_prompts)
             for data in take_held(session, after):
                 await client.send_wait(data)
             for seq, data in entries:
@@ -325,7 +367,7 @@ class Reattach:
         # Updates that came in meanwhile were kept, not sent: send them, then switch the live
         # stream over with no await in between (nothing lost, nothing twice).
         while history.last_seq > after:
-            entries, caught_up = history.after(after, live_only=catch_up)
+            entries, caught_up = history.after(after, live_only=skip_prompts)
             complete = complete and caught_up
             if not entries:
                 break
@@ -425,6 +467,12 @@ class Reattach:
             f"session replayed from the bridge's journal; the agent cannot continue it ({reason})",
             session=session,
         )
+
+
+def _shown_to_a_watcher(entry: Forwarded) -> bool:
+    """A parked permission request a live watcher that approves is shown (still attended)."""
+    ask = entry.extra
+    return isinstance(ask, Ask) and any(not client.closed for client in ask.shown)
 
 
 def _hold_nothing(session: Session, upto: float) -> list[bytes]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from acp_bridge.engine.watchers import fan_out, offer_notice
 from acp_bridge.protocol import scan
 from acp_bridge.protocol.framing import LineDecoder, Oversize
 from acp_bridge.protocol.jsonrpc import (
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from acp_bridge.engine.from_agent import FromAgent
     from acp_bridge.engine.hub import Hub
     from acp_bridge.engine.links import AgentLink
-    from acp_bridge.sessions.table import Watcher
 
 #: Agents' readers share a budget of lines per scheduler round: each reader with lines to
 #: handle lets the other tasks run after its share (``READ_ROUND_LINES`` over the readers
@@ -273,8 +273,9 @@ class Relay:
     ) -> None:
         """
         An agent's own ``notice``: relayed unchanged (its session id rewritten if need be) to
-        a client that takes notices and has room, else dropped (ACP: an agent must not rely
-        on a notice being seen). Never recorded: a notice is not session history.
+        the owner and the watchers that take notices and have room, else dropped (ACP: an
+        agent must not rely on a notice being seen). Never recorded: a notice is not session
+        history.
         """
         self._counters["from_agent"] += 1
         if self._tracer is not None:
@@ -287,13 +288,19 @@ class Relay:
             or not client.has_room()
             or (session.watch is not None and not session.watch({}))
         ):
+            client = None
+        watchers = session.watchers
+        if client is None and watchers is None:
             return
         if session.rewrite:  # (rare: re-encoded, no byte-level rewrite needed)
             params["sessionId"] = session.bridge_id
             data = dumps(msg)
         else:
             data = line + b"\n"
-        client.put_update(data, session)
+        if client is not None:
+            client.put_update(data, session)
+        if watchers is not None:
+            offer_notice(session, watchers, data)
 
     def record_update(
         self, session: Session, msg: JsonObject, params: JsonObject, line: bytes
@@ -329,43 +336,6 @@ class Relay:
         return data
 
 
-#: why a watcher is cut off (it comes back with ``after_seq`` and misses nothing)
-WATCHER_TOO_SLOW: Final = (
-    "watcher is not reading: outbound queue full (load the session again with "
-    "_meta.acp_bridge.after_seq to catch up)"
-)
-
-
-def fan_out(
-    session: Session,
-    watchers: list[Watcher],
-    msg: JsonObject,
-    params: JsonObject,
-    data: bytes,
-    seq: int,
-) -> None:
-    """
-    A recorded update of ``session`` to each of its watchers, in the order the owner gets
-    it. Never waits: a watcher whose queue is full is cut off at once (its connection
-    closed), so it never slows the owner or the agent; it catches up with ``after_seq``.
-    """
-    stamped: bytes | None = None
-    for watcher in watchers:
-        link = watcher.link
-        if link.closed:
-            continue
-        if not link.has_room():
-            link.close(WATCHER_TOO_SLOW)
-            continue
-        if link.want_seq:
-            if stamped is None:
-                set_seq(params, seq)
-                stamped = dumps(msg)
-            link.put_update(stamped, session)
-        else:
-            link.put_update(data, session)
-
-
 def _after_lines(block: bytes, start: int, count: int) -> int:
     """The index just past the ``count``-th line of ``block`` from ``start``."""
     find = block.index
@@ -374,4 +344,4 @@ def _after_lines(block: bytes, start: int, count: int) -> int:
     return start
 
 
-__all__ = ["READER_TURN_MIN", "READ_ROUND_LINES", "WATCHER_TOO_SLOW", "Relay", "fan_out"]
+__all__ = ["READER_TURN_MIN", "READ_ROUND_LINES", "Relay"]

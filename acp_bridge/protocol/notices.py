@@ -4,9 +4,9 @@ Notices, pure: ACP's ``notice`` session updates, for clients that advertise
 what each says.
 
 A notice is live, not session history (the schema: "information for the user that is not
-part of session history"): the bridge sends its own to the session's client and relays an
-agent's, and neither goes into the replay history or the journal. Only a client that
-advertised the capability gets any. The bridge's own are bounded per connection
+part of session history"): the bridge sends its own to the session's client (and its
+watchers) and relays an agent's, and neither goes into the replay history or the journal.
+Only a client that advertised the capability gets any. The bridge's own are bounded per connection
 (:data:`NOTICE_RATE`, :data:`NOTICE_BURST`); what the bound holds back is counted and told
 in one notice later (:func:`suppressed_notice`).
 """

@@ -167,6 +167,21 @@ def add_watcher(session: Session, client: object, *, approve: bool) -> Watcher:
     return watcher
 
 
+def watched(session: Session, sessions: SessionTable) -> bool:
+    """
+    Whether a live connection watches ``session``, or the session its tree hangs from (a
+    child lives and ends with its parent): such a session stays open without an owner.
+    """
+    seen: set[str] = set()
+    one: Session | None = session
+    while one is not None and one.bridge_id not in seen:
+        if one.watchers is not None and any(not w.link.closed for w in one.watchers):
+            return True
+        seen.add(one.bridge_id)
+        one = sessions.get(one.parent) if one.parent is not None else None
+    return False
+
+
 def approvers(session: Session) -> list[Any]:
     """The links of the session's live watchers that approve (``_meta.acp_bridge.approve``)."""
     watchers = session.watchers
@@ -281,5 +296,6 @@ __all__ = [
     "take_ownership",
     "take_parked",
     "watch_refusal",
+    "watched",
     "watcher_of",
 ]

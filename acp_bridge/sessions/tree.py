@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_TURN_TEXT",
+    "SUBAGENT_UPDATE",
     "Child",
     "Tree",
     "child_cwd",
@@ -42,6 +43,8 @@ __all__ = [
 #: dropped and the text ends with :data:`TRUNCATED` (the child's session keeps it all).
 MAX_TURN_TEXT: Final = 1024 * 1024
 TRUNCATED: Final = "\n[... truncated by acp-bridge: the child's session has the rest]"
+#: The ``sessionUpdate`` that tells a parent's client about a child.
+SUBAGENT_UPDATE: Final = "subagent_update"
 #: Characters of a first prompt shown as a child's description (``subagent_update``).
 DESCRIPTION_CHARS: Final = 200
 
@@ -258,7 +261,7 @@ def subagent_update(
     with ``prompt`` it announces the child (title, description, cwd); ``state`` reports its
     work (``running``, or ``idle`` with the stop reason).
     """
-    update: dict[str, Any] = {"sessionUpdate": "subagent_update", "sessionId": child.id}
+    update: dict[str, Any] = {"sessionUpdate": SUBAGENT_UPDATE, "sessionId": child.id}
     if prompt is not None:
         update["title"] = child.agent
         update["description"] = prompt[:DESCRIPTION_CHARS]

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from acp_bridge.protocol.jsonrpc import dumps
+from acp_bridge.sessions.tree import Child
 from tests.support.fakes import FakeAgent, chunk_update, connect, open_bridge
 
 
@@ -555,3 +556,124 @@ async def test_a_read_of_updates_larger_than_the_clients_queue_arrives_whole_and
             ]
             assert received[-300:] == [t for _, t in order]
             assert deepest[0] <= 4
+
+
+def watch(sid, **ours):
+    """session/resume (or load) params that watch ``sid``."""
+    return {
+        "sessionId": sid,
+        "cwd": "/w",
+        "mcpServers": [],
+        "_meta": {"acp_bridge": {"watch": True, **ours}},
+    }
+
+
+def closed(agent):
+    return [m["params"]["sessionId"] for m in agent.received if m.get("method") == "session/close"]
+
+
+async def test_a_watched_session_outlives_its_owner_and_closes_grace_after_the_last_watcher(
+    autojump_clock,
+):
+    a = FakeAgent("a")
+    with trio.fail_after(60):
+        async with open_bridge({"a": a}, detach_grace=10.0) as (owner, bridge):
+            sid = await owner.new_session()
+            async with trio.open_nursery() as nursery:
+                watcher = await connect(bridge, nursery, name="watcher")
+                await watcher.call("session/resume", watch(sid))
+                await owner.disconnect()
+                await trio.sleep(25)  # two grace periods: the watcher keeps it open
+                session = bridge.hub.sessions.get(sid)
+                assert session is not None
+                assert session.client is None
+                assert closed(a) == []
+                await a.update("s1", "still here")
+                await watcher.wait_for(lambda m: "still here" in str(m))
+                # The last watcher goes: a whole grace from now (not the deadline's next round).
+                await watcher.disconnect()
+                await trio.sleep(9)
+                assert bridge.hub.sessions.get(sid) is session
+                await trio.sleep(2)
+                await trio.testing.wait_all_tasks_blocked()
+                assert bridge.hub.sessions.get(sid) is None
+                assert closed(a) == ["s1"]
+                nursery.cancel_scope.cancel()
+
+
+async def test_without_a_grace_a_watched_session_closes_when_its_last_watcher_goes():
+    a = FakeAgent("a")
+    with trio.fail_after(60):
+        async with open_bridge({"a": a}, detach_grace=0.0) as (owner, bridge):
+            sid = await owner.new_session()
+            async with trio.open_nursery() as nursery:
+                watcher = await connect(bridge, nursery, name="watcher")
+                await watcher.call("session/resume", watch(sid))
+                await owner.disconnect()
+                await trio.testing.wait_all_tasks_blocked()
+                assert bridge.hub.sessions.get(sid) is not None
+                await watcher.disconnect()
+                await trio.testing.wait_all_tasks_blocked()
+                assert bridge.hub.sessions.get(sid) is None
+                assert closed(a) == ["s1"]
+                nursery.cancel_scope.cancel()
+
+
+async def test_at_the_grace_deadline_a_watched_sessions_requests_are_settled_as_unattended(
+    autojump_clock,
+):
+    """A permission its gone owner was shown is denied at the deadline, the session staying
+    open; one a watcher that approves is shown still waits for it."""
+    a = FakeAgent("a")
+    with trio.fail_after(60):
+        async with open_bridge({"a": a}, detach_grace=10.0) as (owner, bridge):
+            plain_sid = await owner.new_session()
+            approved_sid = await owner.new_session()
+            async with trio.open_nursery() as nursery:
+                plain = await connect(bridge, nursery, name="plain")
+                await plain.call("session/resume", watch(plain_sid))
+                approver = await connect(bridge, nursery, name="approver")
+                await approver.call("session/resume", watch(approved_sid, approve=True))
+                async with trio.open_nursery() as turns:
+                    turns.start_soon(owner.prompt, plain_sid, "permission")
+                    await owner.agent_requests.receive()
+                    turns.start_soon(owner.prompt, approved_sid, "permission")
+                    await owner.agent_requests.receive()
+                    shown = await approver.agent_requests.receive()
+                    await owner.disconnect()
+                    turns.cancel_scope.cancel()
+                await trio.sleep(11)
+                await plain.wait_for(lambda m: "a:outcome:no" in str(m))
+                assert bridge.hub.sessions.get(plain_sid) is not None
+                assert bridge.hub.sessions.get(approved_sid) is not None
+                assert "a:outcome" not in str(approver.received)
+                yes = {"outcome": {"outcome": "selected", "optionId": "yes"}}
+                await approver.send({"jsonrpc": "2.0", "id": shown["id"], "result": yes})
+                await approver.wait_for(lambda m: "a:outcome:yes" in str(m))
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_watched_roots_children_live_with_it(autojump_clock):
+    """A child's owner is its root's; the root watched, the child stays open with it."""
+    a = FakeAgent("a")
+    with trio.fail_after(60):
+        async with open_bridge({"a": a}, detach_grace=10.0) as (owner, bridge):
+            root = await owner.new_session()
+            child = await owner.new_session()
+            bridge.hub.sessions.get(child).parent = root
+            bridge.hub.tree.add(Child(child, root, "a", 1, "/w"))
+            async with trio.open_nursery() as nursery:
+                watcher = await connect(bridge, nursery, name="watcher")
+                await watcher.call("session/resume", watch(root))
+                await owner.disconnect()
+                await trio.sleep(25)
+                assert bridge.hub.sessions.get(child) is not None
+                await watcher.disconnect()
+                await trio.sleep(9)
+                assert bridge.hub.sessions.get(root) is not None
+                assert bridge.hub.sessions.get(child) is not None
+                await trio.sleep(2)
+                await trio.testing.wait_all_tasks_blocked()
+                assert bridge.hub.sessions.get(root) is None
+                assert bridge.hub.sessions.get(child) is None
+                nursery.cancel_scope.cancel()

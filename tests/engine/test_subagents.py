@@ -451,3 +451,53 @@ async def test_a_root_taken_over_takes_its_children_and_their_requests_with_it()
                 for m in first.received
             )
         nursery.cancel_scope.cancel()
+
+
+def subagent_updates(client: TestClient, sid: str) -> list[dict[str, Any]]:
+    return [
+        m["params"]["update"]
+        for m in client.received
+        if m.get("method") == "session/update"
+        and m["params"]["sessionId"] == sid
+        and m["params"]["update"].get("sessionUpdate") == "subagent_update"
+    ]
+
+
+async def test_a_watcher_gets_subagent_updates_live_only_if_it_asked_for_sub_agents():
+    fakes = agents()
+    async with open_bridge(fakes) as (owner, bridge), trio.open_nursery() as nursery:
+        with trio.fail_after(TIMEOUT):
+            parent = await owner.new_session()
+            tree = await connect_client(bridge, nursery, name="tree", subagents={})
+            stock = await connect_client(bridge, nursery, name="stock")
+            watch = {
+                "sessionId": parent,
+                "cwd": "/w",
+                "mcpServers": [],
+                "_meta": {"acp_bridge": {"watch": True}},
+            }
+            await tree.call("session/resume", watch)
+            await stock.call("session/resume", watch)
+            async with mcp_of(fakes["a"]) as mcp:
+                result = await spawn(mcp, "count 2")
+            child = result["structuredContent"]["child"]
+            await tree.wait_for(
+                lambda m: (
+                    m.get("method") == "session/update"
+                    and m["params"]["update"].get("state", {}).get("state") == "idle"
+                )
+            )
+            states = [u.get("state", {}).get("state") for u in subagent_updates(tree, parent)]
+            assert states == [None, "running", "idle"]
+            assert {u["sessionId"] for u in subagent_updates(tree, parent)} == {child}
+            # The stock watcher got the parent's later updates, and none of the tree.
+            await owner.prompt(parent, "count 1")
+            await stock.wait_for(
+                lambda m: (
+                    m.get("method") == "session/update"
+                    and m["params"]["update"].get("content", {}).get("text") == "a:s1:0"
+                )
+            )
+            assert subagent_updates(stock, parent) == []
+            assert subagent_updates(owner, parent) == []
+        nursery.cancel_scope.cancel()

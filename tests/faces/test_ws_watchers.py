@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
 
-from acp_bridge.engine.relay import WATCHER_TOO_SLOW
+from acp_bridge.engine.watchers import WATCHER_TOO_SLOW
 from acp_bridge.faces.stream import serve_client_stream
 from acp_bridge.protocol.framing import LineDecoder
 from acp_bridge.protocol.jsonrpc import dumps, loads
 from tests.faces.test_ws import NEW_SESSION, WsPeer, open_peer, open_server
-from tests.support.fakes import FakeAgent, connect, open_bridge
+from tests.support.fakes import FakeAgent, TestClient, connect, open_bridge
+
+if TYPE_CHECKING:
+    from acp_bridge.engine.bridge import Bridge
+    from acp_bridge.engine.links import ClientLink
 
 TIMEOUT = 20
 
@@ -198,10 +202,38 @@ async def test_a_watcher_dropped_mid_stream_comes_back_after_seq_and_misses_noth
                     if m.get("method") == "session/update"
                 ]
             everything = seen + replayed
-            # (seq 1 is the owner's prompt, not part of the live stream)
-            first = everything[0][0]
-            assert [s for s, _ in everything] == list(range(first, first + total))
-            assert [t for _, t in everything] == [f"a:s1:{i}" for i in range(total)]
+            # (seq 1 is the owner's prompt: a watcher gets it live, and in its catch-up)
+            assert [s for s, _ in everything] == list(range(1, total + 2))
+            assert [t for _, t in everything] == [
+                f"count {total}",
+                *(f"a:s1:{i}" for i in range(total)),
+            ]
+
+
+async def silent_watcher(
+    bridge: Bridge, nursery: trio.Nursery, sid: str, **capabilities: Any
+) -> ClientLink:
+    """A connection that watches ``sid`` (``capabilities``: its client's), then reads nothing
+    (a lockstep stream nobody reads): its link."""
+    client_side, bridge_side = trio.testing.lockstep_stream_pair()
+    nursery.start_soon(
+        functools.partial(serve_client_stream, bridge, bridge_side, bridge_side, name="w", linger=0)
+    )
+    init = {"protocolVersion": 1, "clientCapabilities": capabilities}
+    await client_side.send_all(
+        dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        + dumps({"jsonrpc": "2.0", "id": 2, "method": "session/resume", "params": watch(sid)})
+    )
+    decoder = LineDecoder()
+    answered: set[int] = set()
+    while answered != {1, 2}:
+        for line in decoder.feed(await client_side.receive_some(65536)):
+            assert isinstance(line, bytes)
+            msg = loads(line)
+            assert "error" not in msg, msg
+            answered.add(msg["id"])
+    [link] = [c for c in bridge.hub.clients if c.name == "w"]
+    return link
 
 
 async def test_a_watcher_that_never_reads_is_cut_off_and_the_owner_runs_at_full_speed():
@@ -212,41 +244,8 @@ async def test_a_watcher_that_never_reads_is_cut_off_and_the_owner_runs_at_full_
     with trio.fail_after(TIMEOUT):
         async with open_bridge({"a": agent}, client_queue=16) as (owner, bridge):
             sid = await owner.new_session()
-            client_side, bridge_side = trio.testing.lockstep_stream_pair()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    functools.partial(
-                        serve_client_stream, bridge, bridge_side, bridge_side, name="w", linger=0
-                    )
-                )
-                decoder = LineDecoder()
-                await client_side.send_all(
-                    dumps(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": 1,
-                            "method": "initialize",
-                            "params": {"protocolVersion": 1},
-                        }
-                    )
-                    + dumps(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": 2,
-                            "method": "session/resume",
-                            "params": watch(sid),
-                        }
-                    )
-                )
-                answered: set[int] = set()
-                while answered != {1, 2}:
-                    for line in decoder.feed(await client_side.receive_some(65536)):
-                        assert isinstance(line, bytes)
-                        msg = loads(line)
-                        assert "error" not in msg, msg
-                        answered.add(msg["id"])
-                # From here on it reads nothing.
-                [link] = [c for c in bridge.hub.clients if c.name == "w"]
+                link = await silent_watcher(bridge, nursery, sid)
                 reply = await owner.prompt(sid, f"count {total}")
                 assert reply["result"]["stopReason"] == "end_turn"
                 assert owner.updates(sid) == [f"a:s1:{i}" for i in range(total)]
@@ -295,6 +294,8 @@ async def test_a_watcher_that_approves_answers_first_and_the_owner_is_withdrawn(
                 }
             )
             asked_owner = await owner.next()
+            prompted = await watcher.next()  # (the owner's prompt, live)
+            assert prompted["params"]["update"]["sessionUpdate"] == "user_message_chunk"
             asked_watcher = await watcher.next()
             assert asked_owner["method"] == asked_watcher["method"] == "session/request_permission"
             await watcher.send(
@@ -331,3 +332,117 @@ def owner_link(server: Any, sid: str) -> Any:
     session = server.bridge.hub.sessions.get(sid)
     assert session is not None
     return session.client
+
+
+NOTICES = {"notices": {}}
+
+
+def notice_update(title: str) -> dict[str, Any]:
+    return {"sessionUpdate": "notice", "severity": "info", "title": title}
+
+
+def notices(client: TestClient, sid: str) -> list[str]:
+    return [
+        m["params"]["update"]["title"]
+        for m in client.received
+        if m.get("method") == "session/update"
+        and m["params"]["sessionId"] == sid
+        and m["params"]["update"]["sessionUpdate"] == "notice"
+    ]
+
+
+async def test_notices_reach_the_watchers_that_take_them():
+    """An agent's notice and the bridge's own (an error on the agent's stderr)."""
+    agent = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with open_bridge({"a": agent}) as (owner, bridge), trio.open_nursery() as n:
+            sid = await owner.new_session()
+            taker = await connect(bridge, n, name="taker", session=NOTICES)
+            stock = await connect(bridge, n, name="stock")
+            await taker.call("session/resume", watch(sid))
+            await stock.call("session/resume", watch(sid))
+            params = {"sessionId": sid, "update": notice_update("Indexing")}
+            await agent.write({"jsonrpc": "2.0", "method": "session/update", "params": params})
+            await owner.prompt(sid, "count 1")
+            for client in (taker, stock):
+                await client.wait_for(
+                    lambda m: (
+                        m.get("params", {}).get("update", {}).get("content")
+                        == {"type": "text", "text": "a:s1:0"}
+                    )
+                )
+            assert notices(taker, sid) == ["Indexing"]
+            assert agent.stderr is not None
+            await agent.stderr.send_all(b"ERROR: boom\n")
+            await taker.wait_for(
+                lambda m: (
+                    m.get("params", {}).get("update", {}).get("title")
+                    == "Agent 'a' reported an error"
+                )
+            )
+            await trio.testing.wait_all_tasks_blocked()
+            # Neither the watcher without the capability nor the owner (a client without it).
+            assert notices(stock, sid) == []
+            assert notices(owner, sid) == []
+            n.cancel_scope.cancel()
+
+
+async def test_a_watcher_without_room_misses_a_notice_and_is_not_cut_off():
+    agent = FakeAgent("a")
+    limit = 4
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_bridge({"a": agent}, client_queue=limit) as (owner, bridge),
+            trio.open_nursery() as nursery,
+        ):
+            sid = await owner.new_session()
+            link = await silent_watcher(bridge, nursery, sid, session=NOTICES)
+            for i in range(3 * limit):
+                params = {"sessionId": sid, "update": notice_update(f"n{i}")}
+                await agent.write({"jsonrpc": "2.0", "method": "session/update", "params": params})
+            await trio.testing.wait_all_tasks_blocked()
+            assert not link.has_room()  # (its queue filled with notices: the rest dropped)
+            assert not link.closed
+            nursery.cancel_scope.cancel()
+
+
+def stream(client: TestClient, sid: str) -> list[tuple[int, dict[str, Any]]]:
+    """The session's updates a client got, with their seq numbers."""
+    return [
+        (m["params"]["_meta"]["acp_bridge"]["seq"], m["params"]["update"])
+        for m in client.received
+        if m.get("method") == "session/update" and m["params"]["sessionId"] == sid
+    ]
+
+
+async def test_a_watcher_sees_the_owners_prompts_live_as_a_replay_shows_them():
+    agent = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with open_bridge({"a": agent}) as (owner, bridge), trio.open_nursery() as n:
+            sid = await owner.new_session()
+            watcher = await connect(bridge, n, seq=True, name="watcher")
+            await watcher.call("session/resume", watch(sid))
+            await owner.prompt(sid, "count 2")
+            await watcher.wait_for(lambda _: len(stream(watcher, sid)) == 3)
+            live = stream(watcher, sid)
+            assert [u["sessionUpdate"] for _, u in live] == [
+                "user_message_chunk",
+                "agent_message_chunk",
+                "agent_message_chunk",
+            ]
+            assert live[0][1]["content"] == {"type": "text", "text": "count 2"}
+            # What it saw live is what a load replays.
+            fresh = await connect(bridge, n, seq=True, name="fresh")
+            await fresh.call("session/load", watch(sid))
+            assert stream(fresh, sid) == live
+            # The owner sent the prompt: it is not echoed to it.
+            assert [u for u in owner.received if "user_message_chunk" in str(u)] == []
+            # Gone, and back with after_seq: the prompt sent meanwhile is in its catch-up.
+            await watcher.disconnect()
+            await owner.prompt(sid, "count 1")
+            await fresh.wait_for(lambda _: len(stream(fresh, sid)) == 5)
+            back = await connect(bridge, n, seq=True, name="back")
+            await back.call("session/load", watch(sid, after_seq=live[-1][0]))
+            assert stream(back, sid) == stream(fresh, sid)[3:]
+            assert stream(back, sid)[0][1]["sessionUpdate"] == "user_message_chunk"
+            n.cancel_scope.cancel()

@@ -13,10 +13,14 @@ The wire (the transports RFD, as the TypeScript and Python SDKs' clients speak i
   ``session/prompt``, ``cancel``, ``set_mode``, ``set_config_option`` and ``close`` need
   ``Acp-Session-Id`` too (**400**), which must name the ``sessionId`` of the params
   (**400**). A message about a session another live connection holds is **409**, except
-  ``session/load`` and ``session/resume``, which take it over (as over WebSocket).
+  ``session/load`` and ``session/resume``, which take it over (as over WebSocket) or, with
+  ``_meta.acp_bridge.watch``, watch it; a watcher's messages about it are not refused here
+  (the bridge refuses what only the owner may do, ``-32002``).
 - ``GET`` with ``Accept: text/event-stream`` (else **406**) and ``Acp-Connection-Id``
   opens the connection's stream; with ``Acp-Session-Id`` too, that session's stream
-  (**409** when another live connection holds the session, or past :attr:`Limits.max_streams`).
+  (**409** past :attr:`Limits.max_streams`). Not refused for a session another connection
+  holds: it carries nothing of it until this connection takes it over or watches it, and the
+  TypeScript SDK's client opens a session's stream before it POSTs the load that does so.
   A newer GET for a stream replaces the reader it had.
 - ``DELETE`` with ``Acp-Connection-Id`` ends the connection (**202**); its sessions detach.
 
@@ -225,6 +229,8 @@ class Owner(enum.Enum):
     #: nobody who can hear it: detached, stored, unknown, or held by a connection without a
     #: reader (an HTTP connection with no stream open)
     NOBODY = "nobody"
+    #: another live connection, and this one watches the session (``_meta.acp_bridge.watch``)
+    WATCHING = "watching"
     #: another live connection
     OTHER = "other"
 
@@ -237,7 +243,12 @@ _ELSEWHERE: Final = plain(
 
 
 def session_refusal(posted: Posted, owner: Owner) -> Response | None:
-    """409 for a message about a session another live connection holds (but a takeover)."""
+    """
+    409 for a message about a session another live connection holds (but a load or resume:
+    a takeover, or a watch). A watcher's messages go on: the bridge refuses what only the
+    owner may do (-32002, with the take-over hint, as over WebSocket) and takes its answers to
+    the permission requests it was shown.
+    """
     if owner is Owner.OTHER and posted.method not in TAKEOVER_METHODS:
         return _ELSEWHERE
     return None

@@ -113,6 +113,13 @@ def test_a_message_about_another_connections_session_is_409_but_a_takeover():
         assert session_refusal(posted(method), Owner.OTHER) is None
     for owner in (Owner.THIS, Owner.NOBODY):
         assert session_refusal(posted("session/prompt"), owner) is None
+    # A watcher's messages reach the bridge: it refuses what only the owner may do (-32002,
+    # with the take-over hint) and takes the answers to the permission requests it was shown.
+    answer = judge_post(head("POST", JSON, CONN, ("acp-session-id", "s1")), body())
+    assert isinstance(answer, Posted)
+    for message in (posted("session/prompt"), posted("session/load"), answer):
+        assert session_refusal(message, Owner.WATCHING) is None
+    assert status(session_refusal(answer, Owner.OTHER)) == 409
 
 
 def test_get_and_delete():

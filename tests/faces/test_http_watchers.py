@@ -248,6 +248,51 @@ async def test_a_websocket_watcher_of_an_http_owner_gets_the_replay_and_every_up
                 assert session.client is link_of(server.bridge, owner)
 
 
+async def test_two_http_connections_an_owner_and_a_watcher_that_approves():
+    """Whoever answers first settles the request (the watcher, then the owner); the other is
+    withdrawn with ``$/cancel_request`` on the stream its request went on, after it."""
+    agent = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with http_face({"a": agent}) as (face, _, nursery):
+            owner = client_of(face, nursery)
+            watcher = client_of(face, nursery)
+            await owner.initialize()
+            await watcher.initialize()
+            async with opened(owner.events()) as owner_conn, opened(watcher.events()):
+                sid = await new_session(owner, owner_conn)
+                async with (
+                    opened(owner.events(session=sid)) as owner_events,
+                    opened(watcher.events(session=sid)) as watch_events,
+                ):
+                    resume = watcher.request_msg("session/resume", watch(sid, approve=True))
+                    await answered(watcher, watch_events, resume)
+                    for first, option in ((watcher, "yes"), (owner, "no")):
+                        turn = prompt(owner, sid, "permission")
+                        assert (await owner.post(turn, session=sid)).status == 202
+                        (*_, asked_owner) = await owner_events.until(is_asked)
+                        (*_, asked_watcher) = await watch_events.until(is_asked)
+                        asked, withdrawn, withdrawn_events = (
+                            (asked_watcher, asked_owner, owner_events)
+                            if first is watcher
+                            else (asked_owner, asked_watcher, watch_events)
+                        )
+                        reply = await first.post(selected(asked.msg["id"], option), session=sid)
+                        assert reply.status == 202
+                        (cancel,) = await withdrawn_events.until(is_cancel)
+                        assert cancel.msg["params"] == {"requestId": withdrawn.msg["id"]}
+                        seen = await owner_events.until(lambda m, t=turn: m.get("id") == t["id"])
+                        assert texts(seen) == [f"a:outcome:{option}"]
+            assert len(agent_answers(agent)) == 2
+
+
+def is_asked(msg: dict[str, Any]) -> bool:
+    return msg.get("method") == "session/request_permission"
+
+
+def is_cancel(msg: dict[str, Any]) -> bool:
+    return msg.get("method") == "$/cancel_request"
+
+
 async def test_an_http_watcher_that_does_not_read_is_cut_off_and_the_http_owner_runs_on():
     """The watcher's session stream is never read: its events fill its buffer, then its
     link's queue, and the bridge cuts it off at once; the owner's turn never waits on it, and

@@ -82,11 +82,9 @@ async def test_an_http_watcher_gets_the_replay_then_every_live_update_in_the_own
             await ws_turn(owner, sid, "count 3")
             watcher = http_client(server.port)
             await watcher.initialize()
-            async with (
-                opened(watcher.events()) as conn_events,
+            async with opened(watcher.events()) as conn_events:
                 # (the session's stream, opened before the load: the replay goes on it)
-                opened(watcher.events(session=sid)) as session_events,
-            ):
+                session_events = await watcher.events(session=sid)
                 assert session_events.status == 200
                 load = watcher.request_msg("session/load", watch(sid))
                 answer = await answered(watcher, conn_events, load)
@@ -101,7 +99,13 @@ async def test_an_http_watcher_gets_the_replay_then_every_live_update_in_the_own
                 assert texts(seen) == ["a:s1:0", "a:s1:1", "a:s1:2"]
                 reply = await ws_turn(owner, sid, "count 200")
                 assert reply["result"]["stopReason"] == "end_turn"
-                await chunks(session_events, seen, 203)
+                await chunks(session_events, seen, 50)
+                # Cut mid-flood: resumed after the last event it had, as an owner's stream is.
+                await session_events.close()
+                last = seen[-1].id
+                assert last is not None
+                async with opened(watcher.events(session=sid, last_event_id=last)) as resumed:
+                    await chunks(resumed, seen, 203)
             live = [f"a:s1:{i}" for i in range(200)]
             assert ws_texts(owner, sid)[3:] == live
             assert texts(seen)[3:] == live

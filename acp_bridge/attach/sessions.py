@@ -3,10 +3,11 @@ The attach shim's sessions (kept by ``attach.core``): no I/O, no trio, no clock.
 
 :class:`SessionBook` follows the sessions the editor has open through the shim, and how far
 (by the bridge's ``seq``) the editor has each one's updates, so that after a reconnect the shim
-can take them back with a replay of exactly what it missed. It learns of them from the editor's
-requests and their answers (:class:`Request`) and from the updates relayed; it says which
-session/load or session/resume to send after the shim's own ``initialize`` has been answered,
-and which requests of a lost connection the bridge answers on the new one.
+can take them back with a replay of exactly what it missed (a session the editor watches, as a
+watcher again: never from its owner). It learns of them from the editor's requests and their
+answers (:class:`Request`) and from the updates relayed; it says which session/load or
+session/resume to send after the shim's own ``initialize`` has been answered, and which
+requests of a lost connection the bridge answers on the new one.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class Tracked:
     last_seq: int | None = 0
     #: False while the editor's own load/resume of it is out
     confirmed: bool = True
+    #: the editor watches it (``_meta.acp_bridge.watch``; ``approve``: and answers approvals):
+    #: it is taken back as a watcher, never from its owner
+    watch: bool = False
+    approve: bool = False
 
 
 @attrs.define(slots=True)
@@ -113,7 +118,16 @@ class SessionBook:
             last: int | None = after if type(after) is int else 0
         else:
             last = previous.last_seq if previous is not None else None
-        tracked = Tracked(request.cwd, request.mcp_servers, request.agent, last, confirmed=False)
+        ours = bridge_meta(params)
+        tracked = Tracked(
+            request.cwd,
+            request.mcp_servers,
+            request.agent,
+            last,
+            confirmed=False,
+            watch=ours.get("watch") is True,
+            approve=ours.get("watch") is True and ours.get("approve") is True,
+        )
         if self._track(sid, tracked):
             request.provisional = True
             request.previous = previous
@@ -207,6 +221,10 @@ class SessionBook:
             ours: JsonObject = {}
             if tracked.agent is not None:
                 ours["agent"] = tracked.agent
+            if tracked.watch:
+                ours["watch"] = True
+                if tracked.approve:
+                    ours["approve"] = True
             if tracked.last_seq is None:
                 # Resumed by the editor and quiet since: no seq to replay after.
                 method = "session/resume"
@@ -221,9 +239,10 @@ class SessionBook:
             else:
                 method = "session/load"
                 ours["after_seq"] = tracked.last_seq
-                # The editor's stream goes on even when only the bridge's journal has the
-                # session (the daemon restarted); a prompt then says why it fails.
-                ours["journal_replay"] = True
+                if not tracked.watch:  # (only a live session is watched)
+                    # The editor's stream goes on even when only the bridge's journal has the
+                    # session (the daemon restarted); a prompt then says why it fails.
+                    ours["journal_replay"] = True
             if ours:
                 params["_meta"] = {"acp_bridge": ours}
             loads.append(Load(sid, method, params))

@@ -50,6 +50,7 @@ from acp_bridge.faces.http_acp_core import (
 )
 from acp_bridge.http.wire import Response, plain
 from acp_bridge.protocol.jsonrpc import JsonRpcError, loads
+from acp_bridge.sessions import transitions
 
 if TYPE_CHECKING:
     from acp_bridge.config.model import WebSocketConfig
@@ -271,12 +272,6 @@ class HttpAcp:
         if isinstance(live, Response):
             return live
         key = ask.session
-        if key is not None and self._owner(key, live) is Owner.OTHER:
-            return plain(
-                409,
-                "conflict: another connection holds this session; take it over with "
-                "session/load or session/resume first",
-            )
         generation = live.core.attach(key, ask.after)
         if isinstance(generation, Response):
             if key is None and generation.status == 410:
@@ -393,10 +388,16 @@ class HttpAcp:
         """Who holds a session, seen from ``live`` (an HTTP connection nobody reads: nobody)."""
         session = self._bridge.hub.sessions.get(session_id)
         owner = session.client if session is not None else None
+        if owner is not None and not owner.closed and owner is live.client:
+            return Owner.THIS
+        if (
+            session is not None
+            and session.watchers is not None
+            and transitions.watcher_of(session, live.client) is not None
+        ):
+            return Owner.WATCHING  # (the bridge refuses what only the owner may do)
         if owner is None or owner.closed:
             return Owner.NOBODY
-        if owner is live.client:
-            return Owner.THIS
         other = self._by_client.get(owner)
         if other is not None and not other.core.readers:
             return Owner.NOBODY

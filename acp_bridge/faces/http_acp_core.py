@@ -13,10 +13,14 @@ The wire (the transports RFD, as the TypeScript and Python SDKs' clients speak i
   ``session/prompt``, ``cancel``, ``set_mode``, ``set_config_option`` and ``close`` need
   ``Acp-Session-Id`` too (**400**), which must name the ``sessionId`` of the params
   (**400**). A message about a session another live connection holds is **409**, except
-  ``session/load`` and ``session/resume``, which take it over (as over WebSocket).
+  ``session/load`` and ``session/resume``, which take it over (as over WebSocket) or, with
+  ``_meta.acp_bridge.watch``, watch it; a watcher's messages about it are not refused here
+  (the bridge refuses what only the owner may do, ``-32002``).
 - ``GET`` with ``Accept: text/event-stream`` (else **406**) and ``Acp-Connection-Id``
   opens the connection's stream; with ``Acp-Session-Id`` too, that session's stream
-  (**409** when another live connection holds the session, or past :attr:`Limits.max_streams`).
+  (**409** past :attr:`Limits.max_streams`). Not refused for a session another connection
+  holds: it carries nothing of it until this connection takes it over or watches it, and the
+  TypeScript SDK's client opens a session's stream before it POSTs the load that does so.
   A newer GET for a stream replaces the reader it had.
 - ``DELETE`` with ``Acp-Connection-Id`` ends the connection (**202**); its sessions detach.
 
@@ -27,7 +31,9 @@ this connection, else on the connection's stream; so does anything else. Answers
 ``session/new``, ``session/load`` and ``session/fork`` go on the connection's stream (the RFD:
 the client may not have the session's stream yet). Where a session's messages change streams,
 the later ones are held until the earlier ones are written (:class:`Event` ``after``), so they
-leave in order.
+leave in order. A ``$/cancel_request`` (no ``sessionId``) follows the request it withdraws: a
+client never sees a request withdrawn before it sees the request (another client answered it
+first: a watcher that approves, or the owner).
 
 Resumable streams (beyond the RFD): every event has an ``id:``. On a session's stream it is
 the session's update number (``_meta.acp_bridge.seq``, the journal's) for an update, and
@@ -101,6 +107,8 @@ SESSION_HEADER_METHODS: Final = frozenset(
 TAKEOVER_METHODS: Final = frozenset({"session/load", "session/resume"})
 #: Requests answered on the connection's stream: the client may not have the session's yet.
 CONNECTION_ANSWERED: Final = frozenset({"session/new", "session/load", "session/fork"})
+#: The bridge withdraws a request it made (another client answered it, the turn ended...).
+CANCEL_REQUEST: Final = "$/cancel_request"
 #: Bytes an event costs beyond its data (its objects), counted against the bounds.
 EVENT_OVERHEAD: Final = 128
 #: Connection ids remembered after their connection ended (answered 410, not 404).
@@ -225,6 +233,8 @@ class Owner(enum.Enum):
     #: nobody who can hear it: detached, stored, unknown, or held by a connection without a
     #: reader (an HTTP connection with no stream open)
     NOBODY = "nobody"
+    #: another live connection, and this one watches the session (``_meta.acp_bridge.watch``)
+    WATCHING = "watching"
     #: another live connection
     OTHER = "other"
 
@@ -237,7 +247,12 @@ _ELSEWHERE: Final = plain(
 
 
 def session_refusal(posted: Posted, owner: Owner) -> Response | None:
-    """409 for a message about a session another live connection holds (but a takeover)."""
+    """
+    409 for a message about a session another live connection holds (but a load or resume:
+    a takeover, or a watch). A watcher's messages go on: the bridge refuses what only the
+    owner may do (-32002, with the take-over hint, as over WebSocket) and takes its answers to
+    the permission requests it was shown.
+    """
     if owner is Owner.OTHER and posted.method not in TAKEOVER_METHODS:
         return _ELSEWHERE
     return None
@@ -326,8 +341,8 @@ class Limits:
         buffer_bytes: events not yet written, all streams together: past it the connection
             takes no more of the bridge's messages.
         retention_bytes: events written, kept for ``Last-Event-ID`` (the oldest go first).
-        max_routes: requests whose answers are owed; past it the oldest are forgotten (their
-            answers go on the connection's stream).
+        max_routes: requests whose answers are owed, each way; past it the oldest are
+            forgotten (their answers, or their withdrawals, go on the connection's stream).
     """
 
     max_streams: int = 16
@@ -451,6 +466,8 @@ class Connection:
         self.limits = limits
         self.streams: dict[StreamKey, Stream] = {None: Stream(None)}
         self._routes: collections.OrderedDict[tuple[str, Any], _Route] = collections.OrderedDict()
+        #: the bridge's requests about a session not yet answered: their session, by id
+        self._asked: collections.OrderedDict[tuple[str, Any], str] = collections.OrderedDict()
         self._initialize = _id_key(initialize)
         self._orders = itertools.count()
         self._generations = itertools.count(1)
@@ -470,7 +487,10 @@ class Connection:
     def note_request(self, posted: Posted) -> None:
         """A client request goes to the bridge: its answer will follow its session."""
         key = _id_key(posted.msg.get("id"))
-        if posted.method is None or key is None:
+        if key is None:
+            return
+        if posted.method is None:
+            self._asked.pop(key, None)  # (answered: no withdrawal will come)
             return
         self._routes[key] = _Route(posted.method, posted.session)
         self._routes.move_to_end(key)
@@ -503,11 +523,18 @@ class Connection:
         elif isinstance(msg, dict):
             params = msg.get("params")
             sid = params.get("sessionId") if isinstance(params, dict) else None
+            method = msg.get("method")
+            if method == CANCEL_REQUEST and isinstance(params, dict):
+                # (no sessionId: it follows the request it withdraws, and comes after it)
+                key = _id_key(params.get("requestId"))
+                sid = self._asked.pop(key, None) if key is not None else None
             if isinstance(sid, str):
                 session = sid
                 target = sid if sid in self.streams else None
-                if msg.get("method") == "session/update":
+                if method == "session/update":
                     seq = _update_seq(params)
+                elif "id" in msg:
+                    self._ask(msg["id"], sid)
         after = None
         if target is None and session is not None:
             slot = self.streams.get(session)
@@ -515,6 +542,16 @@ class Connection:
                 after = (session, slot.appended)
         self._append(target, line, seq, after)
         return target
+
+    def _ask(self, request_id: Any, session: str) -> None:
+        """The bridge asks the client something about ``session`` (a permission, a file):
+        a ``$/cancel_request`` of it goes where it went."""
+        key = _id_key(request_id)
+        if key is not None:
+            self._asked[key] = session
+            self._asked.move_to_end(key)
+            while len(self._asked) > self.limits.max_routes:
+                self._asked.popitem(last=False)
 
     def _owed(self, session: str, result: Any) -> None:
         """A load or resume took a session over: the answers still owed to the requests the

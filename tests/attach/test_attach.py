@@ -34,7 +34,7 @@ from acp_bridge.faces.attach import (
 from acp_bridge.faces.serve import serve_websocket
 from acp_bridge.faces.token import TokenError
 from acp_bridge.protocol.jsonrpc import dumps, loads
-from tests.support.fakes import FakeAgent, TestClient, make_config
+from tests.support.fakes import FakeAgent, TestClient, connect, make_config
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -441,6 +441,55 @@ async def test_a_permission_request_open_across_a_reconnect_keeps_its_id():
             asked = [m for m in editor.received if m.get("method") == "session/request_permission"]
             assert asked == [ask]
             assert errors(editor) == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_editor_that_watches_a_session_comes_back_as_a_watcher_after_a_drop():
+    """The editor watches (``_meta.acp_bridge.watch``, with ``approve``) a session another
+    connection owns; the socket drops: the shim takes the session back as a watcher with the
+    same flags, after the last update the editor saw, never as its owner."""
+    a = FakeAgent("a")
+    with trio.fail_after(TIMEOUT):
+        async with open_server({"a": a}) as server, trio.open_nursery() as nursery:
+            owner = await connect(server.bridge, nursery, name="owner")
+            sid = await owner.new_session()
+            await owner.prompt(sid, "count 2")
+            shim = await start_shim(nursery, Connector(server))
+            editor = shim.editor
+            await editor.initialize()
+            ours = {"watch": True, "approve": True}
+            result = await editor.call(
+                "session/load",
+                {"sessionId": sid, "cwd": "/w", "mcpServers": [], "_meta": {"acp_bridge": ours}},
+            )
+            assert result["_meta"]["acp_bridge"]["watch"] is True
+            assert editor.updates(sid) == ["a:s1:0", "a:s1:1"]
+            await owner.prompt(sid, "count 1")
+            await editor.wait_for(lambda m: len(editor.updates(sid)) == 3)
+            last_seen = editor.seqs(sid)[-1]
+            first = server.connections[0]
+            await first.drop()
+            await first.done.wait()
+            await owner.prompt(sid, "count 2")  # (while the watcher is away)
+            await server.wait_until(lambda: len(server.connections) == 2)
+            await editor.wait_for(lambda m: len(editor.updates(sid)) == 5)
+            assert editor.updates(sid) == ["a:s1:0", "a:s1:1", "a:s1:0", "a:s1:0", "a:s1:1"]
+            load = server.connections[1].received[1]
+            assert load["method"] == "session/load"
+            assert load["params"]["_meta"]["acp_bridge"] == {
+                "after_seq": last_seen,
+                "watch": True,
+                "approve": True,
+            }
+            # The owner still owns it; the editor watches, and may not prompt.
+            session = server.bridge.hub.sessions.get(sid)
+            assert session is not None
+            assert session.client is not None
+            assert session.client.name == "owner"
+            assert len(session.watchers or ()) == 1
+            assert (await owner.prompt(sid, "count 1"))["result"]["stopReason"] == "end_turn"
+            refused = await editor.prompt(sid, "count 1")
+            assert refused["error"]["code"] == -32002
             nursery.cancel_scope.cancel()
 
 

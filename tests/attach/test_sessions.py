@@ -138,6 +138,28 @@ def test_sessions_are_taken_back_by_load_after_their_last_seq_or_else_by_resume(
     assert again.params["_meta"]["acp_bridge"]["after_seq"] == 3
 
 
+def test_a_watched_session_is_taken_back_as_a_watcher_with_its_flags():
+    """Taken back with ``watch`` (and ``approve``) again, never from its owner; without
+    ``journal_replay``, since only a live session is watched. A load without ``watch`` later
+    (the editor takes it over) makes it the editor's own."""
+    book = SessionBook(10)
+    ours = meta(watch=True, approve=True, after_seq=2)
+    load = opened(book, "session/load", {"sessionId": "s1", "cwd": "/w", **ours})
+    book.answered(load, ok(meta(lastSeq=6, watch=True, owner="ws:1")))
+    resume = opened(book, "session/resume", {"sessionId": "s2", **meta(watch=True)})
+    book.answered(resume, ok(meta(lastSeq=3, watch=True)))
+    book.update({"sessionId": "s1", "update": {}, **meta(seq=7)})
+    taken = book.take_back([])
+    assert [(t.method, t.params["_meta"]["acp_bridge"]) for t in taken] == [
+        ("session/load", {"watch": True, "approve": True, "after_seq": 7}),
+        ("session/load", {"watch": True, "after_seq": 3}),
+    ]
+    over = opened(book, "session/load", {"sessionId": "s1", "cwd": "/w", **meta(after_seq=7)})
+    book.answered(over, ok(meta(lastSeq=7)))
+    (own, _) = book.take_back([])
+    assert own.params["_meta"]["acp_bridge"] == {"after_seq": 7, "journal_replay": True}
+
+
 def test_the_editors_own_prompts_are_not_echoed_by_a_replay():
     book = SessionBook(10)
     new_session(book, "s1")

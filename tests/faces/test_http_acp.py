@@ -182,12 +182,12 @@ async def test_hostile_requests_are_refused_before_anything_reaches_an_agent():
                 await stranger.post(prompt(stranger, sid, "count 1"), session=sid)
             ).status == 404
             assert (await stranger.events()).status == 404
-            # Another connection: the owner's session is refused to it, stream and prompt.
+            # Another connection: the owner's session is refused to it. (Its stream opens, as
+            # the TypeScript SDK opens it before a takeover, and carries nothing of it.)
             other = client_of(face, nursery)
             await other.initialize()
-            async with opened(other.events()):
-                refused = await other.events(session=sid)
-                assert refused.status == 409
+            async with opened(other.events()), opened(other.events(session=sid)) as stream:
+                assert stream.status == 200
                 posted = await other.post(prompt(other, sid, "count 1"), session=sid)
                 assert posted.status == 409
                 missing = await other.post(prompt(other, sid, "count 1"))
@@ -402,26 +402,30 @@ async def test_a_permission_left_unanswered_is_shown_again_to_the_connection_tha
 
 
 async def test_http_takes_a_live_websocket_session_over_with_resume():
-    """A session a live WebSocket connection holds: its stream is refused (409); a POSTed
-    session/resume takes it over, as over WebSocket, and the WebSocket client hears no more."""
+    """A session a live WebSocket connection holds: a prompt about it is refused (409); its
+    stream opens first (as the TypeScript SDK opens it before it POSTs the takeover), then a
+    POSTed session/resume takes it over, as over WebSocket, and the WebSocket client hears no
+    more."""
     agent = FakeAgent("a")
     with trio.fail_after(TIMEOUT):
         async with open_server({"a": agent}) as server, open_peer(server.port) as ws:
             sid = (await ws.request("session/new", NEW_SESSION))["result"]["sessionId"]
             http = HttpAcpClient(tcp(server.port), host=f"127.0.0.1:{server.port}", token=TOKEN)
             await http.initialize()
-            async with opened(http.events()) as conn_events:
-                assert (await http.events(session=sid)).status == 409
+            async with (
+                opened(http.events()),
+                opened(http.events(session=sid)) as session_events,
+            ):
+                assert session_events.status == 200
                 refused = await http.post(prompt(http, sid, "count 1"), session=sid)
                 assert refused.status == 409
                 resume = http.request_msg("session/resume", {**NEW_SESSION, "sessionId": sid})
                 assert (await http.post(resume, session=sid)).status == 202
-                (*_, answer) = await conn_events.until(lambda m: m.get("id") == resume["id"])
+                (answer,) = await session_events.until(lambda m: m.get("id") == resume["id"])
                 assert answer.msg["result"]["_meta"]["acp_bridge"]["complete"] is True
-                async with opened(http.events(session=sid)) as session_events:
-                    msg = prompt(http, sid, "count 2")
-                    await http.post(msg, session=sid)
-                    seen = await session_events.until(lambda m: m.get("id") == msg["id"])
+                msg = prompt(http, sid, "count 2")
+                await http.post(msg, session=sid)
+                seen = await session_events.until(lambda m: m.get("id") == msg["id"])
                 assert texts(seen) == ["a:s1:0", "a:s1:1"]
             refused = await ws.request(
                 "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "x"}]}

@@ -113,6 +113,13 @@ def test_a_message_about_another_connections_session_is_409_but_a_takeover():
         assert session_refusal(posted(method), Owner.OTHER) is None
     for owner in (Owner.THIS, Owner.NOBODY):
         assert session_refusal(posted("session/prompt"), owner) is None
+    # A watcher's messages reach the bridge: it refuses what only the owner may do (-32002,
+    # with the take-over hint) and takes the answers to the permission requests it was shown.
+    answer = judge_post(head("POST", JSON, CONN, ("acp-session-id", "s1")), body())
+    assert isinstance(answer, Posted)
+    for message in (posted("session/prompt"), posted("session/load"), answer):
+        assert session_refusal(message, Owner.WATCHING) is None
+    assert status(session_refusal(answer, Owner.OTHER)) == 409
 
 
 def test_get_and_delete():
@@ -383,3 +390,56 @@ def test_answers_a_load_says_are_owed_here_follow_the_session():
     client.route(update("s1", 4))
     assert client.route(answer("turn-7", stopReason="end_turn")) == "s1"
     assert [m.get("id") for _, m in take_all(client, "s1", session)] == [None, "turn-7"]
+
+
+def cancel(request_id: Any) -> bytes:
+    msg = {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": request_id}}
+    return json.dumps(msg).encode()
+
+
+def asking(request_id: Any, sid: str) -> bytes:
+    msg = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "session/request_permission",
+        "params": {"sessionId": sid},
+    }
+    return json.dumps(msg).encode()
+
+
+def test_a_withdrawn_request_is_withdrawn_on_the_stream_it_went_on_after_it():
+    """Another client answered first (a watcher that approves, or the owner): the
+    ``$/cancel_request`` (which names no session) follows the request it withdraws."""
+    client = connection()
+    conn = client.attach(None, None)
+    assert isinstance(conn, int)
+    session = client.attach("s1", None)
+    assert isinstance(session, int)
+    assert client.route(asking(7, "s1")) == "s1"
+    client.route(update("s1", 1))
+    assert client.route(cancel(7)) == "s1"
+    assert [m.get("id", m.get("method")) for _, m in take_all(client, "s1", session)] == [
+        7,
+        "session/update",
+        "$/cancel_request",
+    ]
+    # Unknown, or withdrawn already, or answered by the client: the connection's stream.
+    assert client.route(cancel(7)) is None
+    assert client.route(cancel("nope")) is None
+    client.route(asking(8, "s1"))
+    client.note_request(Posted({"id": 8, "result": {}}, b"", "c1", None, None))
+    assert client.route(cancel(8)) is None
+    assert [i for i, _ in take_all(client, None, conn)] == ["1", "2", "3"]
+
+
+def test_a_request_asked_before_its_session_had_a_stream_is_withdrawn_after_it():
+    client = connection()
+    conn = client.attach(None, None)
+    assert isinstance(conn, int)
+    assert client.route(asking(7, "s1")) is None  # (no stream of its own yet)
+    session = client.attach("s1", None)
+    assert isinstance(session, int)
+    assert client.route(cancel(7)) == "s1"
+    assert client.take("s1", session, 1 << 20) == []  # the request is not written yet
+    assert [m["id"] for _, m in take_all(client, None, conn)] == [7]
+    assert [m["method"] for _, m in take_all(client, "s1", session)] == ["$/cancel_request"]

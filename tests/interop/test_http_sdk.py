@@ -3,7 +3,8 @@ Both SDKs' Streamable HTTP clients against ``acp-bridge serve`` in front of the 
 the TypeScript SDK's ``createHttpStream`` (``tests/support/peers/http_client.mts``, run with
 tsx) and the Python SDK's ``create_http_stream``, each with the daemon's token: initialize,
 session/new, a streamed prompt, a permission answered, a cancel; then a new connection loads
-the session, sees its history and prompts again.
+the session, sees its history and prompts again. The Python SDK's client also watches a
+session another of its connections owns (``_meta.acp_bridge.watch`` on its load).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import trio
 from acp.http import create_http_stream
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 
+from acp_bridge.protocol.wire import TAKE_OVER_HINT
 from tests.support.peers.npm import INSTALL, npm_peer_bin, npm_peer_dir
 from tests.support.peers.sdk_client import RecordingClient
 from tests.support.serve import serve_process
@@ -149,3 +151,61 @@ async def test_the_python_sdks_http_client_through_serve(tmp_path):
     assert 1 <= slow_chunks < 50
     assert report["history"] == report["first"]
     assert report["again"] == ("end_turn", ["1 ", "2 ", "3"])
+
+
+async def _watch_scenario(url: str, work: Path) -> dict[str, Any]:
+    """One connection owns a session; another watches it (``load_session`` with the
+    bridge's ``_meta``, as the SDK passes extra keyword arguments)."""
+    report: dict[str, Any] = {}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    owner, watcher = RecordingClient(work), RecordingClient(work)
+    owner_transport = create_http_stream(url, headers=headers)
+    watcher_transport = create_http_stream(url, headers=headers)
+    owner_conn = acp.connect_to_agent(owner, owner_transport)
+    watcher_conn = acp.connect_to_agent(watcher, watcher_transport)
+    for conn in (owner_conn, watcher_conn):
+        await conn.initialize(
+            protocol_version=acp.PROTOCOL_VERSION, client_capabilities=CAPABILITIES
+        )
+    sid = (await owner_conn.new_session(cwd=str(work), mcp_servers=[])).session_id
+    await owner_conn.prompt(session_id=sid, prompt=[acp.text_block("count 3")])
+    loaded = await watcher_conn.load_session(
+        session_id=sid, cwd=str(work), mcp_servers=[], acp_bridge={"watch": True}
+    )
+    report["loaded"] = (loaded.field_meta or {}).get("acp_bridge", {})
+    await watcher.wait_until(lambda: len(watcher.texts(sid)) >= 3)
+    report["history"] = watcher.texts(sid)
+    await owner_conn.prompt(session_id=sid, prompt=[acp.text_block("count 5")])
+    await watcher.wait_until(lambda: len(watcher.texts(sid)) >= 8)
+    report["watched"] = watcher.texts(sid)
+    report["owner"] = owner.texts(sid)
+    try:
+        await watcher_conn.prompt(session_id=sid, prompt=[acp.text_block("count 1")])
+    except acp.RequestError as exc:
+        report["refused"] = (exc.code, str(exc))
+    await watcher_transport.close()
+    await owner_transport.close()
+    return report
+
+
+def _run_watch(url: str, work: Path) -> dict[str, Any]:
+    async def bounded() -> dict[str, Any]:
+        async with asyncio.timeout(60):
+            return await _watch_scenario(url, work)
+
+    return asyncio.run(bounded())
+
+
+async def test_the_python_sdks_http_client_watches_a_session_another_connection_owns(tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    with trio.fail_after(90):
+        async with serving(tmp_path) as url:
+            report = await trio.to_thread.run_sync(functools.partial(_run_watch, url, work))
+    assert report["loaded"]["watch"] is True
+    assert report["loaded"]["owner"].startswith("http:")
+    assert report["history"] == ["1 ", "2 ", "3"]
+    assert report["watched"] == report["owner"] == ["1 ", "2 ", "3", "1 ", "2 ", "3 ", "4 ", "5"]
+    code, message = report["refused"]
+    assert code == -32002
+    assert TAKE_OVER_HINT in message

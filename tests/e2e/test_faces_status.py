@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import trio
-import trio_websocket
 
+from tests.faces.test_ws import open_peer
 from tests.support.serve import serve_process
 
 
@@ -29,28 +29,9 @@ async def test_status_command_shows_a_live_daemon_agent_and_session(tmp_path):
     with trio.fail_after(30):
         async with serve_process(tmp_path, "--trace", str(trace)) as served:
             port = served.port
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            async with stream, trio.open_nursery() as ws_nursery:
-                ws = await trio_websocket.wrap_client_stream(
-                    ws_nursery,
-                    stream,
-                    f"127.0.0.1:{port}",
-                    "/acp",
-                    extra_headers=[(b"Authorization", f"Bearer {served.token}".encode())],
-                )
-                for req_id, method, params in [
-                    (1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}}),
-                    (2, "session/new", {"cwd": str(tmp_path), "mcpServers": []}),
-                ]:
-                    await ws.send_message(
-                        json.dumps(
-                            {"jsonrpc": "2.0", "id": req_id, "method": method, "params": params}
-                        )
-                    )
-                    while (reply := json.loads(await ws.get_message())).get("id") != req_id:
-                        pass
-                sid = reply["result"]["sessionId"]
-
+            async with open_peer(port, token=served.token) as peer:
+                new = await peer.request("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+                sid = new["result"]["sessionId"]
                 url = f"ws://127.0.0.1:{port}/acp"  # the URL `serve` prints works too
                 status_argv = [sys.executable, "-m", "acp_bridge", "status"]
                 status_argv += ["--config", str(served.config), "--url", url]
@@ -71,8 +52,6 @@ async def test_status_command_shows_a_live_daemon_agent_and_session(tmp_path):
                 status = json.loads(as_json.stdout)
                 assert status["sessions"][0]["sessionId"] == sid
                 assert status["agents"][0]["pid"] > 0
-                await ws.aclose()
-                ws_nursery.cancel_scope.cancel()
             served.proc.send_signal(signal.SIGTERM)
             assert await served.proc.wait() == 0
         # `serve --trace`: the session on both links, written out by the time it exited.

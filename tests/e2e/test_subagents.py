@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-import trio_websocket
 
 from tests.e2e.test_stdio import DEMO, BridgeProcess, _reap
+from tests.faces.test_ws import open_peer
 from tests.support.peers import npm
 from tests.support.serve import serve_process
 
@@ -236,36 +236,13 @@ async def test_a_parent_delegates_through_serve_mode(tmp_path):
 
 
 async def _ws_session(port: int, token: str, tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
-    messages: list[dict[str, Any]] = []
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream, trio.open_nursery() as ws_nursery:
-        ws = await trio_websocket.wrap_client_stream(
-            ws_nursery,
-            stream,
-            f"127.0.0.1:{port}",
-            "/acp",
-            extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
-        )
-
-        async def call(req_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
-            await ws.send_message(
-                json.dumps({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params})
-            )
-            while True:
-                msg = json.loads(await ws.get_message())
-                messages.append(msg)
-                if msg.get("id") == req_id and "method" not in msg:
-                    return msg
-
-        await call(1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
-        new = await call(2, "session/new", {"cwd": str(tmp_path), "mcpServers": []})
+    async with open_peer(port, token=token) as peer:
+        new = await peer.request("session/new", {"cwd": str(tmp_path), "mcpServers": []})
         sid = new["result"]["sessionId"]
         prompt = [{"type": "text", "text": "delegate helper: hello"}]
-        answer = await call(3, "session/prompt", {"sessionId": sid, "prompt": prompt})
+        answer = await peer.request("session/prompt", {"sessionId": sid, "prompt": prompt})
         assert answer["result"]["stopReason"] == "end_turn"
-        await ws.aclose()
-        ws_nursery.cancel_scope.cancel()
-    return sid, messages
+    return sid, peer.received
 
 
 def _codex_acp() -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from acp_bridge.engine.relay import WATCHER_TOO_SLOW
+from acp_bridge.engine.watchers import WATCHER_TOO_SLOW
 from acp_bridge.protocol.wire import TAKE_OVER_HINT
 from tests.faces.test_http_acp import HOST, client_of, http_face, new_session, prompt, texts
 from tests.faces.test_ws import NEW_SESSION, TOKEN, WsPeer, open_peer, open_server

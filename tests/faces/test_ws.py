@@ -170,12 +170,15 @@ class WsPeer:
 
 
 @contextlib.asynccontextmanager
-async def open_peer(port: int, *, initialize: bool = True) -> AsyncIterator[WsPeer]:
+async def open_peer(
+    port: int, *, initialize: bool = True, token: str = TOKEN
+) -> AsyncIterator[WsPeer]:
     """A trio-websocket client; its socket is closed here even when the server closed first."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
+    auth = [(b"Authorization", f"Bearer {token}".encode())]
     async with stream, trio.open_nursery() as nursery:
         ws = await trio_websocket.wrap_client_stream(
-            nursery, stream, f"127.0.0.1:{port}", "/acp", extra_headers=AUTH_HEADERS
+            nursery, stream, f"127.0.0.1:{port}", "/acp", extra_headers=auth
         )
         peer = WsPeer(ws)
         if initialize:

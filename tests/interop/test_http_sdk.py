@@ -27,7 +27,7 @@ from tests.support.peers.sdk_client import RecordingClient
 from tests.support.serve import serve_process
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "support" / "peers" / "http_client.mts"
@@ -128,10 +128,14 @@ async def _python_scenario(url: str, work: Path) -> dict[str, Any]:
     return report
 
 
-def _run_python(url: str, work: Path) -> dict[str, Any]:
+def _in_asyncio(
+    scenario: Callable[[str, Path], Awaitable[dict[str, Any]]], url: str, work: Path
+) -> dict[str, Any]:
+    """Run an SDK scenario on its own asyncio loop (in a worker thread), bounded."""
+
     async def bounded() -> dict[str, Any]:
         async with asyncio.timeout(60):
-            return await _python_scenario(url, work)
+            return await scenario(url, work)
 
     return asyncio.run(bounded())
 
@@ -141,7 +145,9 @@ async def test_the_python_sdks_http_client_through_serve(tmp_path):
     work.mkdir()
     with trio.fail_after(90):
         async with serving(tmp_path) as url:
-            report = await trio.to_thread.run_sync(functools.partial(_run_python, url, work))
+            report = await trio.to_thread.run_sync(
+                functools.partial(_in_asyncio, _python_scenario, url, work)
+            )
     assert report["loadSession"] is True
     assert report["count"] == ("end_turn", ["1 ", "2 ", "3 ", "4 ", "5"])
     assert report["write"] == ("end_turn", ["Write notes.txt"])
@@ -188,20 +194,14 @@ async def _watch_scenario(url: str, work: Path) -> dict[str, Any]:
     return report
 
 
-def _run_watch(url: str, work: Path) -> dict[str, Any]:
-    async def bounded() -> dict[str, Any]:
-        async with asyncio.timeout(60):
-            return await _watch_scenario(url, work)
-
-    return asyncio.run(bounded())
-
-
 async def test_the_python_sdks_http_client_watches_a_session_another_connection_owns(tmp_path):
     work = tmp_path / "w"
     work.mkdir()
     with trio.fail_after(90):
         async with serving(tmp_path) as url:
-            report = await trio.to_thread.run_sync(functools.partial(_run_watch, url, work))
+            report = await trio.to_thread.run_sync(
+                functools.partial(_in_asyncio, _watch_scenario, url, work)
+            )
     assert report["loaded"]["watch"] is True
     assert report["loaded"]["owner"].startswith("http:")
     assert report["history"] == ["1 ", "2 ", "3"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import gc
 import os
 import random
 import shlex
@@ -43,7 +44,7 @@ from tests.e2e.test_stdio import agent_pids, alive, open_bridge_process, rss_kib
 from tests.support.fakes import AgentCrash, FakeAgent, TestClient, connect, make_config, open_bridge
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Iterator
 
 FAULT_AGENT = str(Path(__file__).resolve().parents[1] / "support" / "peers" / "fault_agent.py")
 #: every pending request is answered within this long of its agent's exit
@@ -51,6 +52,22 @@ ANSWER_BOUND = 0.25
 KILL_POINTS = 200
 SEED = int(os.environ.get("CHAOS_SEED", "8"))
 NEW = {"cwd": "/w", "mcpServers": []}
+
+
+@pytest.fixture(autouse=True)
+def frozen_heap() -> Iterator[None]:
+    """
+    The heap as ``acp-bridge`` runs it: the daemon freezes what start-up made
+    (``cli.main._freeze_start_up``), so the cyclic collector's full passes walk only what
+    the traffic made. A test that times the bridge inside pytest's process freezes what the
+    earlier tests left behind likewise: a full pass over them is not the bridge's latency.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def on_agent(name: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from acp_bridge.engine.watchers import WATCHER_TOO_SLOW
 from acp_bridge.protocol.wire import TAKE_OVER_HINT
 from tests.faces.test_http_acp import HOST, client_of, http_face, new_session, prompt, texts
 from tests.faces.test_ws import NEW_SESSION, TOKEN, WsPeer, open_peer, open_server
-from tests.faces.test_ws_watchers import extended, watch
+from tests.faces.test_ws_watchers import extended, watch, withdrawn_then_resolved
 from tests.faces.test_ws_watchers import texts as ws_texts
 from tests.support.fakes import FakeAgent
 from tests.support.http_acp import Event, Events, HttpAcpClient, memory, opened, tcp
@@ -193,16 +193,7 @@ async def test_an_http_watcher_that_approves_answers_first_and_the_owner_is_with
                 )
                 # (with Acp-Session-Id, as the TypeScript SDK's client posts an answer)
                 assert (await watcher.post(selected(asked.msg["id"]), session=sid)).status == 202
-                withdrawn = await owner.next()
-                assert withdrawn == {
-                    "jsonrpc": "2.0",
-                    "method": "$/cancel_request",
-                    "params": {"requestId": asked_owner["id"]},
-                }
-                resolved = await owner.next()
-                assert resolved["method"] == "_acp_bridge/permission_resolved"
-                while not any(m.get("id") == "turn" for m in owner.received):
-                    await owner.next()
+                await withdrawn_then_resolved(owner, asked_owner["id"])
                 assert "a:outcome:yes" in ws_texts(owner, sid)
                 # The watcher follows the turn to its end (its outcome included).
                 seen: list[Event] = []

@@ -42,6 +42,21 @@ async def extended(peer: WsPeer, **ours: Any) -> None:
     assert "result" in await peer.request("initialize", init)
 
 
+async def withdrawn_then_resolved(owner: WsPeer, request_id: Any) -> None:
+    """The owner is told its permission request is withdrawn, then why (another client
+    answered it first); then its turn (request id ``turn``) is answered."""
+    withdrawn = await owner.next()
+    assert withdrawn == {
+        "jsonrpc": "2.0",
+        "method": "$/cancel_request",
+        "params": {"requestId": request_id},
+    }
+    resolved = await owner.next()
+    assert resolved["method"] == "_acp_bridge/permission_resolved"
+    while not any(m.get("id") == "turn" for m in owner.received):
+        await owner.next()
+
+
 async def read_until(peer: WsPeer, sid: str, count: int) -> None:
     while len(texts(peer, sid)) < count:
         await peer.next()
@@ -305,16 +320,7 @@ async def test_a_watcher_that_approves_answers_first_and_the_owner_is_withdrawn(
                     "result": {"outcome": {"outcome": "selected", "optionId": "yes"}},
                 }
             )
-            withdrawn = await owner.next()
-            assert withdrawn == {
-                "jsonrpc": "2.0",
-                "method": "$/cancel_request",
-                "params": {"requestId": asked_owner["id"]},
-            }
-            resolved = await owner.next()
-            assert resolved["method"] == "_acp_bridge/permission_resolved"
-            while not any(m.get("id") == "turn" for m in owner.received):
-                await owner.next()
+            await withdrawn_then_resolved(owner, asked_owner["id"])
             assert "a:outcome:yes" in texts(owner, sid)
             answers = [
                 m for m in agent.received if "method" not in m and "outcome" in m.get("result", {})

@@ -21,7 +21,7 @@ from acp_bridge.protocol.capabilities import has_session_cap
 from acp_bridge.protocol.jsonrpc import RESOURCE_NOT_FOUND, JsonRpcError, dumps
 from acp_bridge.protocol.wire import bridge_meta
 from acp_bridge.sessions import transitions
-from acp_bridge.sessions.tree import supports_subagents
+from acp_bridge.sessions.tree import SUBAGENT_UPDATE, supports_subagents
 
 if TYPE_CHECKING:
     from acp_bridge.engine.approvals import Approvals
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from acp_bridge.sessions.table import Forwarded, Session
 
 #: a ``subagent_update`` as the bridge records it (compact: its own encoding)
-_SUBAGENT_UPDATE = b'"sessionUpdate":"subagent_update"'
+_SUBAGENT_UPDATE = b'"sessionUpdate":"' + SUBAGENT_UPDATE.encode() + b'"'
 
 
 class Reattach:

@@ -163,12 +163,19 @@ class Console:
     def snapshot(self) -> dict[str, Any]:
         """Every pending request, the recent settlements, the latest audit decisions and the
         session tree."""
+        return {"type": "snapshot", **self._approvals_view(None), "tree": self.tree()}
+
+    def _approvals_view(self, session_id: str | None) -> dict[str, Any]:
+        """The pending requests, the recent settlements and the latest audit decisions (the
+        requests and decisions of one session only, when ``session_id`` is given)."""
         now = trio.current_time()
         pending = []
         for entry in self._approvals.desk.waiting():
             ask = entry.extra
             session = entry.session
             assert session is not None
+            if session_id is not None and session.bridge_id != session_id:
+                continue  # (a view costs a diff: only the ones shown are made)
             shown = ", ".join(client.name for client in ask.shown) or None
             pending.append(
                 pending_view(
@@ -185,12 +192,11 @@ class Console:
                 )
             )
         recent = list(self._bridge.hub.audit.recent)[-SHOWN_DECISIONS:]
+        decisions = [decision_view(r) for r in reversed(recent)]
         return {
-            "type": "snapshot",
             "pending": pending,
             "settled": list(self._settled.values())[-SHOWN_SETTLED:],
-            "decisions": [decision_view(r) for r in reversed(recent)],
-            "tree": self.tree(),
+            "decisions": [d for d in decisions if session_id in (None, d["session"])],
         }
 
     # ------------------------------------------------------------------ requests
@@ -232,14 +238,11 @@ class Console:
         if log is None:
             return None
         entries, complete, _ = log
-        snapshot = self.snapshot()
         return {
             "type": "snapshot",
             "session": session_id,
             **session_view(entries, complete=complete),
-            "pending": [p for p in snapshot["pending"] if p["session"]["id"] == session_id],
-            "settled": snapshot["settled"],
-            "decisions": [d for d in snapshot["decisions"] if d["session"] == session_id],
+            **self._approvals_view(session_id),
         }
 
     async def _sequence_page(self, exchange: Exchange) -> Response:

@@ -223,15 +223,24 @@ class ConsoleSession:
         return session
 
 
+#: The paths a GET with the session cookie reads, and their handlers' names.
+_COOKIE_PAGES: Final = (
+    (EVENTS, "console.events"),
+    (SESSION, "console.session"),
+    (SESSION_EVENTS, "console.session_events"),
+    (SEQUENCE, "console.sequence"),
+)
+
+
 def console_routes(
     keys: ConsoleKeys, *, token: bytes, origins: frozenset[str], handlers: Mapping[str, H]
 ) -> dict[str, Route[H]]:
     """
-    The console's paths, with the handlers ``console.page``, ``console.events``,
-    ``console.answer`` and ``console.asset`` of ``handlers``. Each checks, in order: method
-    (405), ``Origin`` (403: the console's own or one of ``origins``, required on the POST),
-    then the login or the cookie (401) and an answer's CSRF value (403); the static assets
-    need no session.
+    The console's paths, with the handlers ``console.page``, ``console.answer``,
+    ``console.asset`` and those of :data:`_COOKIE_PAGES` of ``handlers``. Each checks, in
+    order: method (405), ``Origin`` (403: the console's own or one of ``origins``, required
+    on the POST), then the login or the cookie (401) and an answer's CSRF value (403); the
+    static assets need no session.
     """
     origin = OriginRule(
         origins,
@@ -245,32 +254,15 @@ def console_routes(
             origin=origin,
             credential=ConsoleSession(keys, token, login=True),
         ),
-        EVENTS: Route(
-            {"GET": handlers["console.events"]},
-            origin=origin,
-            credential=ConsoleSession(keys, token),
-        ),
-        SESSION: Route(
-            {"GET": handlers["console.session"]},
-            origin=origin,
-            credential=ConsoleSession(keys, token),
-        ),
-        SESSION_EVENTS: Route(
-            {"GET": handlers["console.session_events"]},
-            origin=origin,
-            credential=ConsoleSession(keys, token),
-        ),
-        SEQUENCE: Route(
-            {"GET": handlers["console.sequence"]},
-            origin=origin,
-            credential=ConsoleSession(keys, token),
-        ),
         ANSWER: Route(
             {"POST": handlers["console.answer"]},
             origin=origin,
             credential=ConsoleSession(keys, token, csrf=True),
         ),
     }
+    cookie = ConsoleSession(keys, token)
+    for path, name in _COOKIE_PAGES:
+        routes[path] = Route({"GET": handlers[name]}, origin=origin, credential=cookie)
     for path in ASSETS:
         routes[path] = Route({"GET": handlers["console.asset"]}, origin=origin)
     return routes

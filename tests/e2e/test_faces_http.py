@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import ssl
 import sys
 
 import h11
@@ -19,7 +17,7 @@ from tests.faces.test_http_acp import new_session, prompt, texts
 from tests.faces.test_ws import NEW_SESSION, TIMEOUT, TOKEN, open_server
 from tests.support.fakes import FakeAgent
 from tests.support.http_acp import HttpAcpClient, opened, tcp, tls
-from tests.support.serve import serve_process
+from tests.support.serve import make_certificate, serve_process
 
 
 async def test_serve_prints_the_http_url_and_status_shows_an_http_connection(tmp_path):
@@ -56,13 +54,7 @@ async def test_serve_prints_the_http_url_and_status_shows_an_http_connection(tmp
 
 
 async def test_the_http_half_speaks_tls_where_the_websocket_half_does(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command to make a test certificate")
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    argv = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-    argv += f" -keyout {key} -out {cert} -days 1 -subj /CN=x -addext subjectAltName=IP:127.0.0.1"
-    await trio.run_process(argv.split(), capture_stdout=True, capture_stderr=True)
-    context = ssl.create_default_context(cafile=str(cert))
+    cert, key, context = await make_certificate(tmp_path)
     agent = FakeAgent("a")
     with trio.fail_after(TIMEOUT):
         async with open_server({"a": agent}, tls_cert=str(cert), tls_key=str(key)) as server:

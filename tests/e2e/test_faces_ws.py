@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
-import ssl
 import stat
 import subprocess
 import sys
 
-import pytest
 import trio
 import trio.testing
 import trio_websocket
@@ -29,18 +26,12 @@ from tests.faces.test_ws import (
     open_server,
 )
 from tests.support.fakes import FakeAgent
-from tests.support.serve import serve_process
+from tests.support.serve import make_certificate, serve_process
 
 
 async def test_tls_listener_serves_wss_and_health(tmp_path):
     """With tls_cert/tls_key the same checks run inside TLS; the URL says wss://."""
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command to make a test certificate")
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    argv = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-    argv += f" -keyout {key} -out {cert} -days 1 -subj /CN=x -addext subjectAltName=IP:127.0.0.1"
-    await trio.run_process(argv.split(), capture_stdout=True, capture_stderr=True)
-    context = ssl.create_default_context(cafile=str(cert))
+    cert, key, context = await make_certificate(tmp_path)
     with trio.fail_after(TIMEOUT):
         async with open_server(
             {"a": FakeAgent("a")}, tls_cert=str(cert), tls_key=str(key)

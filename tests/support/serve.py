@@ -7,11 +7,14 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import ssl
 import subprocess
 import sys
 from typing import TYPE_CHECKING
 
 import attrs
+import pytest
 import trio
 
 if TYPE_CHECKING:
@@ -136,3 +139,15 @@ def port_of(url: str) -> int:
     m = re.match(r"ws://127\.0\.0\.1:(\d+)/", url)
     assert m is not None, url
     return int(m.group(1))
+
+
+async def make_certificate(tmp_path: Path) -> tuple[Path, Path, ssl.SSLContext]:
+    """A self-signed certificate for 127.0.0.1 (``openssl``; the test is skipped without it):
+    its file, its key's, and a client context that trusts it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a test certificate")
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    argv = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    argv += f" -keyout {key} -out {cert} -days 1 -subj /CN=x -addext subjectAltName=IP:127.0.0.1"
+    await trio.run_process(argv.split(), capture_stdout=True, capture_stderr=True)
+    return cert, key, ssl.create_default_context(cafile=str(cert))
